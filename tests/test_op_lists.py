@@ -1,0 +1,79 @@
+"""The default op lists cover every Relax op, once, and agree with TVM and the anchors."""
+
+import pytest
+import tvm
+
+from tvmamp import op_lists
+from tvmamp.policy import DEFAULT_CATEGORIES, Category
+
+LISTS = {
+    "ALWAYS_LOW": op_lists.ALWAYS_LOW,
+    "NEVER_LOW": op_lists.NEVER_LOW,
+    "PROMOTE": op_lists.PROMOTE,
+    "FOLLOW": op_lists.FOLLOW,
+    "FIXED": op_lists.FIXED,
+}
+
+
+def _registry():
+    return {n for n in tvm.ir.Op.list_op_names() if n.startswith("relax.")}
+
+
+def test_every_registered_op_is_in_exactly_one_list():
+    registry = _registry()
+    for name in sorted(registry):
+        homes = [list_name for list_name, ops in LISTS.items() if name in ops]
+        assert len(homes) == 1, f"{name} is in {homes or 'no list'}"
+
+
+def test_lists_name_only_registered_ops_without_duplicates():
+    registry = _registry()
+    for list_name, ops in LISTS.items():
+        assert len(ops) == len(set(ops)), f"duplicates in {list_name}"
+        assert set(ops) <= registry, f"{list_name} names unknown ops {set(ops) - registry}"
+
+
+def test_tvm_always_ops_are_white():
+    for name in _registry():
+        if tvm.ir.Op.get(name).get_attr("TMixedPrecisionPolicy") == 0:
+            assert DEFAULT_CATEGORIES[name] is Category.WHITE, name
+
+
+def test_tvm_follow_ops_only_leave_follow_for_a_listed_reason():
+    corrected = set(op_lists.NEVER_LOW) | set(op_lists.PROMOTE) | set(op_lists.FIXED)
+    for name in _registry():
+        if tvm.ir.Op.get(name).get_attr("TMixedPrecisionPolicy") == 1:
+            assert name in op_lists.FOLLOW or name in corrected, name
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "relax.nn.softmax",
+        "relax.exp",
+        "relax.log",
+        "relax.sum",
+        "relax.mean",
+        "relax.nn.layer_norm",
+        "relax.nn.batch_norm",
+        "relax.nn.cross_entropy_with_logits",
+        "relax.nn.nll_loss",
+        "relax.nn.log_softmax",
+        "relax.power",
+        "relax.cumsum",
+    ],
+)
+def test_anchor_black_list_ops_stay_fp32(name):
+    assert DEFAULT_CATEGORIES[name] is Category.BLACK
+
+
+@pytest.mark.parametrize("name", ["relax.matmul", "relax.nn.conv2d", "relax.einsum"])
+def test_anchor_white_list_ops_run_low(name):
+    assert DEFAULT_CATEGORIES[name] is Category.WHITE
+
+
+def test_aliases_point_at_registered_ops():
+    registry = _registry()
+    for alias, targets in op_lists.ALIASES.items():
+        assert alias == alias.lower(), alias
+        assert set(targets) <= registry, alias

@@ -1,0 +1,243 @@
+"""Mixed-precision policy: the level, the low dtype and the effective op categories.
+
+A :class:`Policy` is frozen data. The AMP pass only reads it; variants come from
+``dataclasses.replace`` or :meth:`Policy.for_level`.
+
+Level semantics (Paddle ``paddle.amp`` and MindSpore ``amp``):
+
+=====  =====================================================================================
+O0     no change
+O1     white ops low, black ops fp32, other ops low only when all their float inputs are low
+O2     every op low except the black list and ops without low-precision support on the target
+O3     every op low
+OD     only white ops low, everything else fp32
+auto   white low, black fp32, promote ops in the widest input dtype, other ops keep the dtype
+       of their inputs (MindSpore ``amp_level="auto"``)
+=====  =====================================================================================
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import enum
+import fnmatch
+from collections.abc import Iterable, Sequence
+
+import tvm
+
+from . import op_lists
+
+LEVELS = ("O0", "O1", "O2", "O3", "OD", "auto")
+LOW_DTYPES = ("float16", "bfloat16")
+FLOAT_DTYPES = ("float32", "float16", "bfloat16")
+
+
+class Category(str, enum.Enum):
+    """Where an op sits in the default lists."""
+
+    WHITE = "white"
+    BLACK = "black"
+    FOLLOW = "follow"
+    PROMOTE = "promote"
+    FIXED = "fixed"
+
+
+DEFAULT_CATEGORIES: dict[str, Category] = {
+    **{name: Category.WHITE for name in op_lists.ALWAYS_LOW},
+    **{name: Category.BLACK for name in op_lists.NEVER_LOW},
+    **{name: Category.PROMOTE for name in op_lists.PROMOTE},
+    **{name: Category.FOLLOW for name in op_lists.FOLLOW},
+    **{name: Category.FIXED for name in op_lists.FIXED},
+}
+
+
+def check_level(level: str, component: str = "tvmamp") -> str:
+    """Return ``level`` if it is a known level, else raise ValueError naming the choices."""
+    if level not in LEVELS:
+        raise ValueError(f"{component}: level {level!r} is not one of {', '.join(LEVELS)}")
+    return level
+
+
+def check_dtype(dtype: str, component: str = "tvmamp") -> str:
+    """Return ``dtype`` if it is a supported low dtype, else raise ValueError."""
+    if dtype not in LOW_DTYPES:
+        raise ValueError(f"{component}: dtype {dtype!r} is not one of {', '.join(LOW_DTYPES)}")
+    return dtype
+
+
+def _registered_relax_ops() -> set[str]:
+    return {name for name in tvm.ir.Op.list_op_names() if name.startswith("relax.")}
+
+
+def resolve_op_names(names: Iterable[str], component: str = "tvmamp") -> set[str]:
+    """Map user op names (Relax names or Paddle/MindSpore/PyTorch aliases) to Relax op names.
+
+    Raises
+    ------
+    ValueError
+        For a name that is neither a registered Relax op nor a known alias; the message lists
+        the closest matches.
+    """
+    registered = _registered_relax_ops()
+    resolved: set[str] = set()
+    for name in names:
+        if not isinstance(name, str):
+            raise TypeError(f"{component}: op names must be strings, got {name!r}")
+        for candidate in (name, f"relax.{name}", f"relax.nn.{name}"):
+            if candidate in registered:
+                resolved.add(candidate)
+                break
+        else:
+            alias = op_lists.ALIASES.get(name.lower())
+            if alias is None:
+                choices = sorted(registered) + sorted(op_lists.ALIASES)
+                close = difflib.get_close_matches(name, choices, n=5, cutoff=0.5)
+                hint = f"; did you mean {', '.join(close)}?" if close else ""
+                raise ValueError(f"{component}: unknown op name {name!r}{hint}")
+            resolved.update(alias)
+    return resolved
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+    """Which dtype each op computes in.
+
+    Parameters
+    ----------
+    level : str
+        One of ``LEVELS``.
+    low_dtype : str
+        ``"float16"`` or ``"bfloat16"``.
+    categories : dict
+        Relax op name to :class:`Category`, after the user's list edits and target overrides.
+    accumulate_dtype : str
+        ``out_dtype`` given to matmul/conv when they run low.
+    fp32_nodes, low_nodes : tuple of str
+        Glob patterns on binding or parameter names that force a node to fp32 or to low.
+    """
+
+    level: str
+    low_dtype: str
+    categories: dict = dataclasses.field(default_factory=lambda: dict(DEFAULT_CATEGORIES))
+    accumulate_dtype: str = "float32"
+    fp32_nodes: tuple = ()
+    low_nodes: tuple = ()
+
+    @classmethod
+    def for_level(
+        cls,
+        level: str = "O1",
+        dtype: str = "float16",
+        *,
+        custom_white_list: Sequence[str] | None = None,
+        custom_black_list: Sequence[str] | None = None,
+        custom_fp32_nodes: Sequence[str] | None = None,
+        custom_low_nodes: Sequence[str] | None = None,
+        unsupported_low_ops: Iterable[str] = (),
+        accumulate_dtype: str = "float32",
+    ) -> Policy:
+        """Build the policy for a level, with the user's list edits and the target's limits.
+
+        ``unsupported_low_ops`` comes from the target entry: ops that cannot run in ``dtype``
+        there are moved to the black list (they stay fp32 at every level).
+        """
+        check_level(level, "tvmamp.Policy")
+        check_dtype(dtype, "tvmamp.Policy")
+        if accumulate_dtype not in FLOAT_DTYPES:
+            raise ValueError(
+                f"tvmamp.Policy: accumulate_dtype {accumulate_dtype!r} is not one of "
+                f"{', '.join(FLOAT_DTYPES)}"
+            )
+        white = resolve_op_names(custom_white_list or (), "tvmamp.Policy custom_white_list")
+        black = resolve_op_names(custom_black_list or (), "tvmamp.Policy custom_black_list")
+        both = white & black
+        if both:
+            raise ValueError(
+                f"tvmamp.Policy: {', '.join(sorted(both))} is in both custom_white_list and "
+                "custom_black_list"
+            )
+        categories = dict(DEFAULT_CATEGORIES)
+        for name in sorted(white | black):
+            if categories.get(name) is Category.FIXED:
+                raise ValueError(
+                    f"tvmamp.Policy: {name} has a fixed dtype (not a float compute op) and cannot "
+                    "be put on the white or black list"
+                )
+            categories[name] = Category.WHITE if name in white else Category.BLACK
+        for name in unsupported_low_ops:
+            if name not in white:
+                categories[name] = Category.BLACK
+        return cls(
+            level=level,
+            low_dtype=dtype,
+            categories=categories,
+            accumulate_dtype=accumulate_dtype,
+            fp32_nodes=_check_patterns(custom_fp32_nodes, "custom_fp32_nodes"),
+            low_nodes=_check_patterns(custom_low_nodes, "custom_low_nodes"),
+        )
+
+    def category(self, op_name: str) -> Category:
+        """Category of ``op_name``; ops not in the registry lists (new ops) follow."""
+        return self.categories.get(op_name, Category.FOLLOW)
+
+    def compute_dtype(self, op_name: str, input_dtypes: Sequence[str]) -> str | None:
+        """The dtype ``op_name`` computes in, given the (nominal) dtypes of its float inputs.
+
+        Returns None when the op must not be changed: O0, fixed ops, or no float inputs.
+        """
+        category = self.category(op_name)
+        if self.level == "O0" or category is Category.FIXED or not input_dtypes:
+            return None
+        low = self.low_dtype
+        widest = "float32" if any(d == "float32" for d in input_dtypes) else low
+        if self.level == "O3":
+            return low
+        if category is Category.WHITE:
+            return low
+        if category is Category.BLACK or self.level == "OD":
+            return "float32"
+        if category is Category.PROMOTE or self.level in ("O1", "auto"):
+            return widest
+        return low  # O2: follow ops run low
+
+    def node_override(self, names: Iterable[str]) -> str | None:
+        """Per-node dtype forced by ``fp32_nodes``/``low_nodes`` for a node with these names."""
+        names = [n for n in names if n]
+        if any(fnmatch.fnmatchcase(n, p) for n in names for p in self.fp32_nodes):
+            return "float32"
+        if any(fnmatch.fnmatchcase(n, p) for n in names for p in self.low_nodes):
+            return self.low_dtype
+        return None
+
+    def ops_in(self, *wanted: Category) -> tuple[str, ...]:
+        """Sorted op names whose category is one of ``wanted``."""
+        return tuple(sorted(n for n, c in self.categories.items() if c in wanted))
+
+    def white_list(self) -> tuple[str, ...]:
+        """Ops that run low whatever their inputs, at this level."""
+        float_ops = (Category.WHITE, Category.BLACK, Category.FOLLOW, Category.PROMOTE)
+        return {
+            "O0": (),
+            "O3": self.ops_in(*float_ops),
+        }.get(self.level, self.ops_in(Category.WHITE))
+
+    def black_list(self) -> tuple[str, ...]:
+        """Ops that run in fp32 whatever their inputs, at this level."""
+        non_white = (Category.BLACK, Category.FOLLOW, Category.PROMOTE)
+        return {
+            "O0": self.ops_in(Category.WHITE, *non_white),
+            "O3": (),
+            "OD": self.ops_in(*non_white),
+        }.get(self.level, self.ops_in(Category.BLACK))
+
+
+def _check_patterns(patterns: Sequence[str] | None, what: str) -> tuple:
+    if patterns is None:
+        return ()
+    if isinstance(patterns, str):
+        raise TypeError(f"tvmamp.Policy: {what} must be a list of glob patterns, not a string")
+    for p in patterns:
+        if not isinstance(p, str) or not p:
+            raise TypeError(f"tvmamp.Policy: {what} entries must be non-empty strings, got {p!r}")
+    return tuple(patterns)
