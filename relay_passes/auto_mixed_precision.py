@@ -1,0 +1,412 @@
+"""AutoMixedPrecision: rewrite a Relax module so each op computes in the dtype a Policy picks.
+
+How it works, binding by binding (one pass, in program order):
+
+- Each float input of an op has a *nominal* dtype: the dtype the value was computed in. A white
+  op that ran low but accumulated in fp32 (``out_dtype``) produces an fp32 tensor whose nominal
+  dtype is low; consumers that want fp32 take it as it is, consumers that want low cast it once.
+- The policy maps (op, nominal input dtypes) to a compute dtype; per-node patterns and the
+  constant-overflow guard may override it.
+- Inputs are cast lazily, each value at most once per dtype and block, and a value made by one
+  of our casts is never cast back: the original is used instead, so no f32->low->f32 round trip.
+- Constants (bound params included) are converted at compile time; a constant whose magnitude
+  does not fit the low dtype forces its op to fp32.
+- Ops with fixed dtypes (``call_tir``, packed calls, builtins, other functions) get their inputs
+  in the dtypes they were written for. User ``astype`` calls that became no-ops are dropped.
+- Function results, and the branches of ``relax.If``, are cast back to their original dtypes
+  (``keep_io_types=True``). With ``keep_io_types=False`` the public functions take and return
+  the low dtype; private functions always keep their signatures.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.ir.expr import Constant
+from tvm.relax import PyExprMutator
+
+from tvmamp.policy import FLOAT_DTYPES, Policy
+
+from .amp_report import AmpReport, ForcedNode
+
+_CAST_OPS = ("relax.astype", "relax.wrap_param")
+
+
+def np_dtype(dtype: str):
+    """numpy dtype for a TVM float dtype name (bfloat16 via ml_dtypes)."""
+    return ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+
+
+def tensor_dtype(expr: relax.Expr) -> str | None:
+    """The dtype of a tensor-typed expression, or None."""
+    ty = getattr(expr, "ty", None)
+    if isinstance(ty, relax.TensorType):
+        return str(ty.dtype)
+    return None
+
+
+def _is_public(func: relax.Function) -> bool:
+    return func.attrs is not None and "global_symbol" in func.attrs
+
+
+@tvm.transform.module_pass(opt_level=0, name="AutoMixedPrecision")
+class AutoMixedPrecision:
+    """Convert a Relax module to mixed precision.
+
+    Parameters
+    ----------
+    policy : tvmamp.Policy
+        The level, low dtype and op categories.
+    keep_io_types : bool
+        Keep the inputs and outputs of public functions in their original dtypes.
+    constant_names : dict, optional
+        Constant -> parameter name, for constants bound from named params, so that
+        ``custom_fp32_nodes``/``custom_low_nodes`` can match parameter names.
+
+    After the pass has run, ``self.report`` (an :class:`AmpReport`) says what it did.
+    """
+
+    def __init__(self, policy: Policy, keep_io_types: bool = True, constant_names=None):
+        if not isinstance(policy, Policy):
+            raise TypeError(f"AutoMixedPrecision: policy must be a tvmamp.Policy, got {policy!r}")
+        self.policy = policy
+        self.keep_io_types = keep_io_types
+        self.constant_names = dict(constant_names or {})
+        self.report = AmpReport(level=policy.level, low_dtype=policy.low_dtype)
+
+    def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext):
+        if self.policy.level == "O0":
+            return mod
+        low_io = {
+            gv: not self.keep_io_types and _is_public(func)
+            for gv, func in mod.functions_items()
+            if isinstance(func, relax.Function)
+        }
+        rewriter = _Rewriter(mod, self.policy, self.report, self.constant_names, low_io)
+        for gv, func in mod.functions_items():
+            if isinstance(func, relax.Function):
+                rewriter.builder_.update_func(gv, rewriter.rewrite(func, low_io[gv]))
+        return rewriter.builder_.get()
+
+
+@relax.expr_functor.mutator
+class _Rewriter(PyExprMutator):
+    """The binding-by-binding rewrite described in the module docstring."""
+
+    def __init__(self, mod, policy, report, constant_names, low_io):
+        super().__init__(mod)
+        self.policy = policy
+        self.report = report
+        self.constant_names = constant_names
+        self.low_io = low_io
+        self.mod = mod
+        self._nominal = {}  # var -> nominal dtype, where it differs from the var's own dtype
+        self._cast_source = {}  # var made by one of our casts -> the value it was cast from
+        self._casts = [{}]  # one cache per binding block: (value, dtype) -> cast var
+        self._constants = {}  # (constant, dtype) -> converted constant
+        self._param_names = {}  # param var -> name
+        self._from_constants = set()  # vars computed from constants only (FoldConstant folds them)
+        self._low_params = False
+
+    # ---- functions, blocks and bindings -------------------------------------------------
+    def rewrite(self, func: relax.Function, low_io: bool) -> relax.Function:
+        """Rewrite one function; restore its result dtypes unless ``low_io``."""
+        self._low_params = low_io
+        self._param_names.update({p: p.name for p in func.params})
+        new = self.visit_expr(func)
+        if low_io:
+            return new
+        body = self._restore(new.body, func.ret_ty)
+        if body.same_as(new.body):
+            return new
+        return relax.Function(new.params, body, func.ret_ty, new.is_pure, new.attrs, new.span)
+
+    def visit_var_def_(self, var):
+        if self._low_params and var in self._param_names and tensor_dtype(var) == "float32":
+            low = relax.Var(var.name, relax.TensorType(var.ty.shape, self.policy.low_dtype))
+            self._param_names[low] = var.name
+            return low
+        return super().visit_var_def_(var)
+
+    def visit_binding_block_(self, block):
+        self._casts.append({})
+        try:
+            return super().visit_binding_block_(block)
+        finally:
+            self._casts.pop()
+
+    def visit_dataflow_block_(self, block):
+        self._casts.append({})
+        try:
+            return super().visit_dataflow_block_(block)
+        finally:
+            self._casts.pop()
+
+    def visit_match_cast_(self, binding):
+        value = self.visit_expr(binding.value)
+        declared = binding.ty
+        if isinstance(declared, relax.TensorType) and str(declared.dtype) in FLOAT_DTYPES:
+            value = self._to_dtype(value, str(declared.dtype))
+        self.builder_.emit_normalized(relax.MatchCast(binding.var, value, declared))
+
+    def visit_var_binding_(self, binding):
+        value, nominal = binding.value, None
+        if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
+            if value.op.name in _CAST_OPS:
+                value = self._rewrite_cast(value)
+            else:
+                value, nominal = self._rewrite_op_call(binding.var, value)
+        elif isinstance(value, relax.Call):
+            value = self._rewrite_function_call(value)
+        elif isinstance(value, relax.If):
+            value = self._rewrite_if(value, binding.var.ty)
+        else:
+            value = self.visit_expr(value)
+        self._bind(binding.var, value, nominal)
+
+    def _bind(self, var, value, nominal):
+        if isinstance(value, relax.Var) and (
+            isinstance(var, relax.DataflowVar) or not isinstance(value, relax.DataflowVar)
+        ):
+            self.set_var_remap(var, value)  # an alias (e.g. a dropped cast): no binding needed
+            return
+        value = self.builder_.normalize(value)
+        new_var = self.with_type(var, value.ty)
+        self.set_var_remap(var, new_var)
+        self.builder_.emit_normalized(relax.VarBinding(new_var, value))
+        if nominal is not None and nominal != tensor_dtype(new_var):
+            self._nominal[new_var] = nominal
+        if isinstance(value, relax.Call) and self._all_constant(value.args):
+            self._from_constants.add(new_var)
+
+    def _is_constant(self, expr):
+        return isinstance(expr, Constant) or expr in self._from_constants
+
+    def _all_constant(self, args):
+        leaves = []
+        for arg in args:
+            leaves.extend(arg.fields if isinstance(arg, relax.Tuple) else [arg])
+        tensors = [a for a in leaves if isinstance(a.ty, (relax.TensorType, relax.TupleType))]
+        return bool(tensors) and all(self._is_constant(a) for a in tensors)
+
+    # ---- op calls ------------------------------------------------------------------------
+    def _rewrite_op_call(self, var, call):
+        op_name = call.op.name
+        args = [self.visit_expr(a) for a in call.args]
+        inputs = self._float_inputs(args)
+        dtype = self.policy.compute_dtype(op_name, self._decision_dtypes(inputs))
+        if dtype is not None:
+            dtype = self._override(var, op_name, args, inputs, dtype)
+        if dtype is None:  # fixed dtypes: give the op what it was written for
+            new_args = [self._match_type(a, old.ty) for a, old in zip(args, call.args)]
+            return relax.Call(call.op, new_args, call.attrs, call.ty_args, call.span), None
+        new_args = [self._map_float(a, lambda e, _cur: self._to_dtype(e, dtype)) for a in args]
+        attrs, nominal = call.attrs, None
+        if dtype != "float32" and _has_field(attrs, "out_dtype"):
+            attrs = _replace_attr(attrs, out_dtype=self.policy.accumulate_dtype)
+            nominal = dtype
+        if not self._all_constant(args):  # constant-only ops are folded at compile time
+            self.report.count_op(op_name, dtype)
+        return relax.Call(call.op, new_args, attrs, call.ty_args, call.span), nominal
+
+    def _override(self, var, op_name, args, inputs, dtype):
+        names = [var.name] + [self._name_of(e) for e in inputs]
+        forced = self.policy.node_override(names)
+        if forced is not None and forced != dtype:
+            which = "custom_fp32_nodes" if forced == "float32" else "custom_low_nodes"
+            self.report.forced.append(ForcedNode(var.name, op_name, forced, which))
+            dtype = forced
+        if dtype != "float32" and any(self._overflows(e, dtype) for e in inputs):
+            reason = f"a constant input exceeds the {dtype} range"
+            self.report.forced.append(ForcedNode(var.name, op_name, "float32", reason))
+            dtype = "float32"
+        return dtype
+
+    def _rewrite_cast(self, call):
+        src = self.visit_expr(call.args[0])
+        target = str(call.attrs.dtype)
+        origin = self._cast_source.get(src)
+        if tensor_dtype(src) == target:
+            self.report.casts_removed += 1
+            return src
+        if origin is not None and tensor_dtype(origin) == target:
+            return origin
+        return relax.Call(call.op, [src], call.attrs, call.ty_args, call.span)
+
+    def _rewrite_function_call(self, call):
+        callee = call.op
+        args = [self.visit_expr(a) for a in call.args]
+        if isinstance(callee, relax.GlobalVar) and self.low_io.get(callee):
+            args = [self._map_float(a, self._low_if_fp32) for a in args]
+        else:
+            args = [self._match_type(a, old.ty) for a, old in zip(args, call.args)]
+        return relax.Call(self.visit_expr(callee), args, call.attrs, call.ty_args, call.span)
+
+    def _rewrite_if(self, node, ty):
+        cond = self.visit_expr(node.cond)
+        true_branch = self._restore(self.visit_with_new_scope(node.true_branch), ty)
+        false_branch = self._restore(self.visit_with_new_scope(node.false_branch), ty)
+        return relax.If(cond, true_branch, false_branch, node.span)
+
+    # ---- values and casts ----------------------------------------------------------------
+    def _nominal_dtype(self, expr):
+        return self._nominal.get(expr) or tensor_dtype(expr)
+
+    def _decision_dtypes(self, inputs):
+        """Nominal dtypes that decide follow/promote ops; constants convert for free."""
+        values = [e for e in inputs if not self._is_constant(e)] or inputs
+        return [self._nominal_dtype(e) for e in values]
+
+    def _name_of(self, expr):
+        if isinstance(expr, Constant):
+            return self.constant_names.get(expr)
+        return self._param_names.get(expr)
+
+    def _float_inputs(self, args):
+        found = []
+        for arg in args:
+            self._map_float(arg, lambda e, _d: found.append(e) or e)
+        return found
+
+    def _map_float(self, expr, fn):
+        """Apply ``fn(value, dtype)`` to every float tensor inside ``expr`` (tuples included)."""
+        ty = expr.ty
+        if isinstance(ty, relax.TensorType):
+            dtype = str(ty.dtype)
+            return fn(expr, dtype) if dtype in FLOAT_DTYPES else expr
+        if isinstance(ty, relax.TupleType):
+            fields = self._tuple_fields(expr)
+            new = [self._map_float(f, fn) for f in fields]
+            if all(a.same_as(b) for a, b in zip(new, fields)):
+                return expr
+            return relax.Tuple(new)
+        return expr
+
+    def _tuple_fields(self, expr):
+        if isinstance(expr, relax.Tuple):
+            return list(expr.fields)
+        n = len(expr.ty.fields)
+        return [self.builder_.normalize(relax.TupleGetItem(expr, i)) for i in range(n)]
+
+    def _match_type(self, expr, old_ty):
+        """Cast the float tensors in ``expr`` to the dtypes of ``old_ty``."""
+        if isinstance(old_ty, relax.TensorType):
+            dtype = str(old_ty.dtype)
+            return self._to_dtype(expr, dtype) if dtype in FLOAT_DTYPES else expr
+        if isinstance(old_ty, relax.TupleType) and isinstance(expr.ty, relax.TupleType):
+            fields = self._tuple_fields(expr)
+            new = [self._match_type(f, t) for f, t in zip(fields, old_ty.fields)]
+            if all(a.same_as(b) for a, b in zip(new, fields)):
+                return expr
+            return relax.Tuple(new)
+        return expr
+
+    def _low_if_fp32(self, expr, dtype):
+        return self._to_dtype(expr, self.policy.low_dtype) if dtype == "float32" else expr
+
+    def _to_dtype(self, expr, dtype):
+        current = tensor_dtype(expr)
+        if current is None or current == dtype or current not in FLOAT_DTYPES:
+            return expr
+        if isinstance(expr, Constant):
+            return self._convert_constant(expr, dtype)
+        origin = self._cast_source.get(expr)
+        if origin is not None and tensor_dtype(origin) == dtype:
+            return origin
+        if isinstance(expr, relax.TupleGetItem):
+            expr = self.builder_.emit(expr)
+        cache = self._casts[-1]
+        if (expr, dtype) not in cache:
+            cast = self.builder_.emit(relax.op.astype(expr, dtype))
+            self._cast_source[cast] = expr
+            cache[(expr, dtype)] = cast
+            if expr in self._from_constants:  # folded at compile time by FoldConstant
+                self._from_constants.add(cast)
+                self.report.constants_converted += 1
+            else:
+                self.report.casts_inserted += 1
+        return cache[(expr, dtype)]
+
+    def _convert_constant(self, const, dtype):
+        key = (const, dtype)
+        if key not in self._constants:
+            data = const.value.numpy().astype(np_dtype(dtype))
+            self._constants[key] = relax.const(data, dtype)
+            if dtype != "float32":
+                self.report.constants_converted += 1
+            if const in self.constant_names:
+                self.constant_names[self._constants[key]] = self.constant_names[const]
+        return self._constants[key]
+
+    def _overflows(self, expr, dtype):
+        if not isinstance(expr, Constant) or tensor_dtype(expr) != "float32":
+            return False
+        data = expr.value.numpy()
+        finite = data[np.isfinite(data)]
+        limit = float(ml_dtypes.finfo(np_dtype(dtype)).max)
+        return finite.size > 0 and float(np.abs(finite).max()) > limit
+
+    def _restore(self, seq, ty):
+        """Append casts to ``seq`` so its result has the dtypes of ``ty``."""
+        bindings = []
+        body = self._restore_value(seq.body, ty, bindings)
+        if not bindings:
+            return seq
+        blocks = list(seq.blocks) + [relax.BindingBlock(bindings)]
+        return self.builder_.normalize(relax.SeqExpr(blocks, body))
+
+    def _restore_value(self, expr, ty, bindings):
+        if isinstance(ty, relax.TensorType):
+            dtype = str(ty.dtype)
+            if dtype not in FLOAT_DTYPES or tensor_dtype(expr) in (None, dtype):
+                return expr
+            value = self.builder_.normalize(relax.op.astype(expr, dtype))
+            return self._append(bindings, "out", value, count=True)
+        if isinstance(ty, relax.TupleType) and _dtypes_differ(expr.ty, ty):
+            if isinstance(expr, relax.Tuple):
+                fields = list(expr.fields)
+            else:
+                fields = [
+                    self._append(
+                        bindings, "item", self.builder_.normalize(relax.TupleGetItem(expr, i))
+                    )
+                    for i in range(len(ty.fields))
+                ]
+            new = [self._restore_value(f, t, bindings) for f, t in zip(fields, ty.fields)]
+            if isinstance(expr, relax.Tuple) and all(a.same_as(b) for a, b in zip(new, fields)):
+                return expr
+            return self.builder_.normalize(relax.Tuple(new))
+        return expr
+
+    def _append(self, bindings, name, value, count=False):
+        var = relax.Var(name, value.ty)
+        bindings.append(relax.VarBinding(var, value))
+        if count:
+            self.report.casts_inserted += 1
+        return var
+
+
+def _dtypes_differ(have, want) -> bool:
+    """Whether two (tuple) types differ in the dtype of some float tensor."""
+    if isinstance(want, relax.TensorType) and isinstance(have, relax.TensorType):
+        return str(want.dtype) in FLOAT_DTYPES and str(have.dtype) != str(want.dtype)
+    if isinstance(want, relax.TupleType) and isinstance(have, relax.TupleType):
+        return any(_dtypes_differ(h, w) for h, w in zip(have.fields, want.fields))
+    return False
+
+
+def _has_field(attrs, name: str) -> bool:
+    if attrs is None:
+        return False
+    fields = type(attrs).__tvm_ffi_type_info__.fields
+    return any(f.name == name for f in fields)
+
+
+def _replace_attr(attrs, **changes):
+    """A copy of an op's attrs with some fields replaced."""
+    info = type(attrs).__tvm_ffi_type_info__
+    values = {f.name: getattr(attrs, f.name) for f in info.fields}
+    values.update(changes)
+    return tvm.ir.make_node(info.type_key, **values)

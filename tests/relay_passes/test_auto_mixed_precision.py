@@ -1,0 +1,405 @@
+"""AutoMixedPrecision: IR before/after for each level and category, and the pass's guarantees."""
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+from tvm.script import ir as I
+from tvm.script import relax as R
+from tvm.script import tirx as T
+from tvmamp.relay_passes import AutoMixedPrecision
+
+from tvmamp.policy import Policy
+
+
+def run(mod, level="O1", dtype="float16", keep_io_types=True, **custom):
+    amp = AutoMixedPrecision(Policy.for_level(level, dtype, **custom), keep_io_types)
+    out = amp(mod)
+    relax.analysis.well_formed(out)
+    return out, amp.report
+
+
+@I.ir_module
+class MLP:
+    @R.function
+    def main(x: R.Tensor((4, 8), "float32"), w: R.Tensor((8, 16), "float32")):
+        with R.dataflow():
+            y = R.matmul(x, w)
+            z = R.nn.relu(y)
+            s = R.nn.softmax(z, axis=-1)
+            R.output(s)
+        return s
+
+
+def test_o1_white_low_black_fp32_follow_low_after_low_inputs():
+    @I.ir_module
+    class Expected:
+        @R.function
+        def main(x: R.Tensor((4, 8), "float32"), w: R.Tensor((8, 16), "float32")):
+            with R.dataflow():
+                x16 = R.astype(x, "float16")
+                w16 = R.astype(w, "float16")
+                y = R.matmul(x16, w16, out_dtype="float32")
+                y16 = R.astype(y, "float16")  # noqa: F841 (emitted, unused at auto)
+                z = R.nn.relu(y16)
+                z32 = R.astype(z, "float32")
+                s = R.nn.softmax(z32, axis=-1)
+                R.output(s)
+            return s
+
+    out, report = run(MLP, "O1")
+    tvm.ir.assert_structural_equal(out, Expected)
+    assert report.casts_inserted == 4
+    assert dict(report.ops["relax.matmul"]) == {"float16": 1}
+    assert dict(report.ops["relax.nn.softmax"]) == {"float32": 1}
+
+
+def test_od_keeps_everything_but_white_fp32_without_round_trip():
+    @I.ir_module
+    class Expected:
+        @R.function
+        def main(x: R.Tensor((4, 8), "float32"), w: R.Tensor((8, 16), "float32")):
+            with R.dataflow():
+                x16 = R.astype(x, "float16")
+                w16 = R.astype(w, "float16")
+                y = R.matmul(x16, w16, out_dtype="float32")
+                z = R.nn.relu(y)  # the fp32 accumulator is used as it is: no cast
+                s = R.nn.softmax(z, axis=-1)
+                R.output(s)
+            return s
+
+    out, _ = run(MLP, "OD")
+    tvm.ir.assert_structural_equal(out, Expected)
+
+
+def test_o3_everything_low_and_output_restored():
+    @I.ir_module
+    class Expected:
+        @R.function
+        def main(x: R.Tensor((4, 8), "float32"), w: R.Tensor((8, 16), "float32")):
+            with R.dataflow():
+                x16 = R.astype(x, "bfloat16")
+                w16 = R.astype(w, "bfloat16")
+                y = R.matmul(x16, w16, out_dtype="float32")
+                y16 = R.astype(y, "bfloat16")
+                z = R.nn.relu(y16)
+                s = R.nn.softmax(z, axis=-1)
+                R.output(s)
+            out = R.astype(s, "float32")
+            return out
+
+    out, _ = run(MLP, "O3", "bfloat16")
+    tvm.ir.assert_structural_equal(out, Expected)
+
+
+def test_keep_io_types_false_takes_and_returns_low():
+    @I.ir_module
+    class Expected:
+        @R.function
+        def main(x: R.Tensor((4, 8), "float16"), w: R.Tensor((8, 16), "float16")):
+            with R.dataflow():
+                y = R.matmul(x, w, out_dtype="float32")
+                y16 = R.astype(y, "float16")  # noqa: F841 (emitted, unused at auto)
+                z = R.nn.relu(y16)
+                s = R.nn.softmax(z, axis=-1)
+                R.output(s)
+            return s
+
+    out, _ = run(MLP, "O3", keep_io_types=False)
+    tvm.ir.assert_structural_equal(out, Expected)
+
+
+@I.ir_module
+class Mixed:
+    @R.function
+    def main(x: R.Tensor((4, 8), "float32"), w: R.Tensor((8, 8), "float32")):
+        with R.dataflow():
+            y = R.matmul(x, w)
+            a = R.add(y, x)
+            e = R.exp(a)
+            p = R.atan2(e, y)
+            R.output(p)
+        return p
+
+
+def test_o2_follow_low_black_fp32_promote_widest():
+    @I.ir_module
+    class Expected:
+        @R.function
+        def main(x: R.Tensor((4, 8), "float32"), w: R.Tensor((8, 8), "float32")):
+            with R.dataflow():
+                x16 = R.astype(x, "float16")
+                w16 = R.astype(w, "float16")
+                y = R.matmul(x16, w16, out_dtype="float32")
+                y16 = R.astype(y, "float16")  # noqa: F841 (emitted, unused at auto)
+                a = R.add(y16, x16)  # follow runs low at O2; x16 is reused, not cast again
+                a32 = R.astype(a, "float32")
+                e = R.exp(a32)  # black
+                p = R.atan2(e, y)  # promote: widest input is fp32; y's fp32 accumulator is used
+                R.output(p)
+            return p
+
+    out, report = run(Mixed, "O2")
+    tvm.ir.assert_structural_equal(out, Expected)
+    assert report.casts_inserted == 4
+
+
+def test_auto_keeps_input_dtype_and_promotes():
+    @I.ir_module
+    class Expected:
+        @R.function
+        def main(x: R.Tensor((4, 8), "float32"), w: R.Tensor((8, 8), "float32")):
+            with R.dataflow():
+                x16 = R.astype(x, "float16")
+                w16 = R.astype(w, "float16")
+                y = R.matmul(x16, w16, out_dtype="float32")
+                y16 = R.astype(y, "float16")  # noqa: F841 (emitted, unused at auto)
+                a = R.add(y, x)  # inputs f16 (nominal) and f32: widest is f32
+                e = R.exp(a)
+                p = R.atan2(e, y)
+                R.output(p)
+            return p
+
+    out, _ = run(Mixed, "auto")
+    # y16 is never used: DCE-free comparison would differ, so compare after removing it
+    out = relax.transform.DeadCodeElimination()(out)
+    tvm.ir.assert_structural_equal(out, relax.transform.DeadCodeElimination()(Expected))
+
+
+def test_custom_lists_with_aliases():
+    @I.ir_module
+    class Expected:
+        @R.function
+        def main(x: R.Tensor((4, 8), "float32"), w: R.Tensor((8, 16), "float32")):
+            with R.dataflow():
+                y = R.matmul(x, w)  # "linear" (PyTorch) on the black list
+                z = R.nn.relu(y)
+                z16 = R.astype(z, "float16")
+                s = R.nn.softmax(z16, axis=-1)  # "Softmax" (MindSpore) on the white list
+                R.output(s)
+            out = R.astype(s, "float32")
+            return out
+
+    out, _ = run(MLP, "O1", custom_white_list=["Softmax"], custom_black_list=["linear"])
+    tvm.ir.assert_structural_equal(out, Expected)
+
+
+@I.ir_module
+class TwoLayers:
+    @R.function
+    def main(
+        x: R.Tensor((4, 8), "float32"),
+        w1: R.Tensor((8, 8), "float32"),
+        head_w: R.Tensor((8, 8), "float32"),
+    ):
+        with R.dataflow():
+            h = R.matmul(x, w1)
+            head = R.matmul(h, head_w)
+            R.output(head)
+        return head
+
+
+def test_per_node_rules_by_binding_and_param_name():
+    @I.ir_module
+    class Expected:
+        @R.function
+        def main(
+            x: R.Tensor((4, 8), "float32"),
+            w1: R.Tensor((8, 8), "float32"),
+            head_w: R.Tensor((8, 8), "float32"),
+        ):
+            with R.dataflow():
+                x16 = R.astype(x, "float16")
+                w16 = R.astype(w1, "float16")
+                h = R.matmul(x16, w16, out_dtype="float32")
+                head = R.matmul(h, head_w)
+                R.output(head)
+            return head
+
+    for patterns in (["head"], ["head_*"]):  # binding name, then parameter name
+        out, report = run(TwoLayers, "O2", custom_fp32_nodes=patterns)
+        tvm.ir.assert_structural_equal(out, Expected)
+        assert [(f.name, f.dtype, f.reason) for f in report.forced] == [
+            ("head", "float32", "custom_fp32_nodes")
+        ]
+
+
+def test_per_node_low_rule_at_od():
+    out, report = run(TwoLayers, "OD", custom_low_nodes=["h"])
+    assert report.forced == []  # matmul is white: already low, nothing forced
+    out, report = run(MLP, "OD", custom_low_nodes=["z"])
+    assert [(f.name, f.op, f.dtype) for f in report.forced] == [("z", "relax.nn.relu", "float16")]
+
+
+@I.ir_module
+class UserCasts:
+    @R.function
+    def main(x: R.Tensor((4, 8), "float32")):
+        with R.dataflow():
+            a = R.nn.relu(x)
+            b = R.astype(a, "float16")
+            c = R.astype(b, "float32")
+            R.output(c)
+        return c
+
+
+def test_user_casts_that_became_no_ops_are_dropped():
+    @I.ir_module
+    class Expected:
+        @R.function
+        def main(x: R.Tensor((4, 8), "float32")):
+            with R.dataflow():
+                x16 = R.astype(x, "float16")
+                a = R.nn.relu(x16)
+                c = R.astype(a, "float32")
+                R.output(c)
+            return c
+
+    out, report = run(UserCasts, "O2")
+    tvm.ir.assert_structural_equal(out, Expected)
+    assert report.casts_removed == 1
+
+
+def test_no_round_trips_and_one_cast_per_value():
+    out, _ = run(Mixed, "O1")
+    casts = {}
+    for binding in out["main"].body.blocks[0].bindings:
+        value = binding.value
+        if isinstance(value, relax.Call) and value.op.name == "relax.astype":
+            key = (value.args[0], str(value.attrs.dtype))
+            assert key not in casts, "the same value cast twice to the same dtype"
+            casts[key] = binding.var
+    for (src, _), var in casts.items():
+        for src2, dtype2 in casts:
+            if src2.same_as(var):
+                assert dtype2 != src.ty.dtype, "round trip f32 -> low -> f32"
+
+
+def test_constants_are_converted_at_compile_time_with_overflow_guard():
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(x: R.Tensor((2, 2), "float32")):
+            with R.dataflow():
+                a = R.add(x, R.const(np.full((2, 2), 3.0, "float32")))
+                b = R.multiply(a, R.const(np.full((2, 2), 1e6, "float32")))
+                R.output(b)
+            return b
+
+    @I.ir_module
+    class Expected:
+        @R.function
+        def main(x: R.Tensor((2, 2), "float32")):
+            with R.dataflow():
+                x16 = R.astype(x, "float16")
+                a = R.add(x16, R.const(np.full((2, 2), 3.0, "float16")))
+                a32 = R.astype(a, "float32")
+                b = R.multiply(a32, R.const(np.full((2, 2), 1e6, "float32")))
+                R.output(b)
+            return b
+
+    out, report = run(Before, "O2")
+    tvm.ir.assert_structural_equal(out, Expected)
+    assert report.constants_converted == 1
+    assert [(f.op, f.dtype) for f in report.forced] == [("relax.multiply", "float32")]
+    assert "exceeds the float16 range" in report.forced[0].reason
+    out, report = run(Before, "O2", "bfloat16")  # 1e6 fits bf16
+    assert report.forced == [] and report.constants_converted == 2
+
+
+def test_call_tir_gets_the_dtypes_it_was_written_for():
+    @I.ir_module
+    class Clip:
+        @R.function
+        def main(x: R.Tensor((4, 8), "float32")):
+            with R.dataflow():
+                c = R.clip(x, 0.0, 6.0)
+                R.output(c)
+            return c
+
+    legalized = relax.transform.LegalizeOps()(Clip)  # clip becomes call_tir of a PrimFunc
+    prim = tvm.IRModule({legalized.get_global_var("tir_clip"): legalized["tir_clip"]})
+    bb = relax.BlockBuilder(prim)
+    x = relax.Var("x", relax.TensorType((4, 8), "float32"))
+    w = relax.Var("w", relax.TensorType((8, 8), "float32"))
+    clip_gv = prim.get_global_var("tir_clip")
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.matmul(x, w))
+            r = bb.emit(relax.op.nn.relu(y))
+            c = bb.emit(relax.call_tir(clip_gv, (r,), relax.TensorType((4, 8), "float32")))
+            out = bb.emit_output(relax.op.nn.relu(c))
+        bb.emit_func_output(out)
+    out, report = run(bb.get(), "O2")
+    bindings = out["main"].body.blocks[0].bindings
+    call = [b.value for b in bindings if b.value.op.name == "relax.call_tir"][0]
+    assert str(call.args[1].fields[0].ty.dtype) == "float32"  # relu ran low, cast back for clip
+    assert dict(report.ops["relax.nn.relu"]) == {"float16": 2}
+
+
+def test_tuples_if_and_several_functions():
+    @I.ir_module
+    class Before:
+        @R.function
+        def helper(x: R.Tensor((4, 4), "float32")) -> R.Tensor((4, 4), "float32"):
+            with R.dataflow():
+                y = R.matmul(x, x)
+                R.output(y)
+            return y
+
+        @R.function
+        def main(x: R.Tensor((4, 4), "float32"), flag: R.Tensor((), "bool")):
+            cls = Before
+            with R.dataflow():
+                parts = R.split(x, 2, axis=1)
+                cat = R.concat((parts[0], parts[1]), axis=1)
+                m = R.matmul(cat, x)
+                R.output(m)
+            if flag:
+                r = cls.helper(m)
+            else:
+                r = R.nn.relu(m)
+            out = (r, m)
+            return out
+
+    out, report = run(Before, "O2")
+    main = out["main"]
+    assert [str(f.dtype) for f in main.ret_ty.fields] == ["float32", "float32"]
+    assert str(out["helper"].ret_ty.dtype) == "float32"
+    assert dict(report.ops["relax.matmul"]) == {"float16": 2}
+    assert dict(report.ops["relax.concat"]) == {"float16": 1}
+
+
+def test_dynamic_shapes_and_match_cast():
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(x: R.Tensor(("n", 8), "float32"), w: R.Tensor((8, 8), "float32")):
+            n = T.int64()
+            with R.dataflow():
+                y = R.matmul(x, w)
+                z = R.match_cast(y, R.Tensor((n, 8), "float32"))
+                s = R.nn.softmax(z)
+                R.output(s)
+            return s
+
+    out, _ = run(Before, "O2")
+    assert str(out["main"].ret_ty.dtype) == "float32"
+
+
+def test_o0_is_identity():
+    out, report = run(MLP, "O0")
+    tvm.ir.assert_structural_equal(out, MLP)
+    assert report.casts_inserted == 0
+
+
+def test_report_summary_mentions_casts_and_dtypes():
+    _, report = run(MLP, "O1")
+    text = report.summary()
+    assert "4 casts inserted" in text and "float16: 2" in text and "float32: 1" in text
+    assert report.as_dict()["ops_per_dtype"] == {"float16": 2, "float32": 1}
+
+
+def test_policy_type_is_checked():
+    with pytest.raises(TypeError, match="must be a tvmamp.Policy"):
+        AutoMixedPrecision("O1")
