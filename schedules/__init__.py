@@ -1,0 +1,5 @@
+"""Schedules for tvmamp: dlight rules per target family."""
+
+from .cpu import CPUConv2d, CPUElementwise, CPUMatmul, default_cpu_rules
+
+__all__ = ["CPUConv2d", "CPUElementwise", "CPUMatmul", "default_cpu_rules"]

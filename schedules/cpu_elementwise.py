@@ -1,0 +1,57 @@
+"""Default CPU schedule for injective (spatial-only) functions: fuse, vectorise, parallelise."""
+
+from __future__ import annotations
+
+import math
+
+from tvm import s_tir, tirx
+from tvm.s_tir.dlight.analysis import get_root_block
+from tvm.s_tir.schedule import ScheduleError
+from tvm.target import Target
+
+from .cpu_common import (
+    CPURule,
+    all_static,
+    schedule_injective,
+    try_inline_all,
+    use_parallel,
+    vector_lanes,
+)
+
+
+class CPUElementwise(CPURule):
+    """Inline what can be inlined, then give each remaining block one parallel outer loop and
+    a vectorised inner loop of one SIMD register. Static shapes only; functions with a
+    reduction are left to the other rules.
+    """
+
+    def apply(  # pylint: disable=missing-function-docstring
+        self, func: tirx.PrimFunc, target: Target, _: bool
+    ) -> s_tir.Schedule | None:
+        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+            return None
+        sch = s_tir.Schedule(func)
+        blocks = sch.get_child_blocks(get_root_block(sch))
+        if not blocks or not all_static(sch) or not all(_is_spatial(sch, b) for b in blocks):
+            return None
+        remaining = try_inline_all(sch, blocks[:-1]) + blocks[-1:]
+        try:
+            for block in remaining:
+                dtype = str(sch.get(block).writes[0].source.dtype)
+                parallel = use_parallel(target, _num_elements(sch, block))
+                schedule_injective(sch, block, vector_lanes(target, dtype), parallel)
+        except ScheduleError:
+            return None
+        return sch
+
+
+def _is_spatial(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
+    """Return whether ``block`` has only data-parallel iterators and at least one loop."""
+    stmt = sch.get(block)
+    spatial = all(iv.iter_type == tirx.IterVar.DataPar for iv in stmt.iter_vars)
+    return spatial and len(stmt.writes) == 1 and len(sch.get_loops(block)) > 0
+
+
+def _num_elements(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> int:
+    """Return the number of iterations of ``block`` (its shapes are static)."""
+    return math.prod(int(iv.dom.extent) for iv in sch.get(block).iter_vars)

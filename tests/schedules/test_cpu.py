@@ -1,0 +1,229 @@
+"""Numerical and structural tests of the default CPU schedule rules."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+from tvm.s_tir import dlight as dl
+from tvm.script import tirx as T
+from tvmamp.schedules.cpu import CPUConv2d, CPUMatmul, default_cpu_rules
+
+TARGET = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
+LEGALIZE = [
+    relax.transform.LegalizeOps(),
+    relax.transform.AnnotateTIROpPattern(),
+    relax.transform.FoldConstant(),
+    relax.transform.FuseOps(),
+    relax.transform.FuseTIR(),
+]
+
+
+def _schedule(mod: tvm.IRModule) -> tvm.IRModule:
+    with TARGET:
+        passes = [*LEGALIZE, dl.ApplyDefaultSchedule(*default_cpu_rules(TARGET))]
+        return tvm.transform.Sequential(passes)(mod)
+
+
+def _run(mod: tvm.IRModule, *arrays: np.ndarray) -> tuple[np.ndarray, tvm.IRModule]:
+    """Schedule, build and run ``mod``; return its output and the scheduled module."""
+    scheduled = _schedule(mod)
+    vm = relax.VirtualMachine(tvm.compile(scheduled, target=TARGET), tvm.cpu())
+    out = vm["main"](*[tvm.runtime.tensor(a) for a in arrays])
+    return out.numpy(), scheduled
+
+
+def _prim_funcs(mod: tvm.IRModule) -> dict[str, tvm.tirx.PrimFunc]:
+    return {gv.name_hint: f for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)}
+
+
+def _assert_scheduled(mod: tvm.IRModule, name_part: str, parallel: bool = True) -> None:
+    """Assert the PrimFunc whose name contains ``name_part`` was scheduled and vectorised."""
+    funcs = [f for name, f in _prim_funcs(mod).items() if name_part in name]
+    assert funcs, f"no PrimFunc named like {name_part!r} in {list(_prim_funcs(mod))}"
+    for func in funcs:
+        assert func.attrs["tirx.is_scheduled"]
+        text = func.script()
+        assert "T.vectorized" in text
+        assert ("T.parallel" in text) == parallel
+
+
+def _module(inputs: dict[str, tuple[tuple[int, ...], str]], body) -> tvm.IRModule:
+    """Build a one-function Relax module; ``body(bb, *vars)`` returns the output expression."""
+    bb = relax.BlockBuilder()
+    params = [relax.Var(name, relax.TensorType(shape, dt)) for name, (shape, dt) in inputs.items()]
+    with bb.function("main", params):
+        with bb.dataflow():
+            out = bb.emit_output(body(bb, *params))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def _randn(rng: np.random.Generator, shape, dtype="float32") -> np.ndarray:
+    return (rng.standard_normal(shape) + 0.1).astype(dtype)
+
+
+@pytest.mark.parametrize(
+    ("m", "k", "n", "dtype", "rtol"),
+    [
+        (256, 128, 96, "float32", 1e-5),
+        (37, 45, 29, "float32", 1e-5),
+        (1, 64, 100, "float32", 1e-5),
+        (64, 96, 80, "bfloat16", 1e-2),
+        (37, 45, 29, "bfloat16", 1e-2),
+    ],
+)
+def test_matmul_bias_relu(m, k, n, dtype, rtol):
+    rng = np.random.default_rng(0)
+    np_dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype
+    x, w, b = _randn(rng, (m, k), np_dtype), _randn(rng, (k, n), np_dtype), _randn(rng, (n,))
+
+    def body(bb, x, w, b):
+        y = bb.emit(relax.op.matmul(x, w, out_dtype="float32"))
+        return relax.op.nn.relu(relax.op.add(y, b))
+
+    inputs = {"x": ((m, k), dtype), "w": ((k, n), dtype), "b": ((n,), "float32")}
+    out, mod = _run(_module(inputs, body), x, w, b)
+    ref = np.maximum(x.astype("float64") @ w.astype("float64") + b, 0)
+    np.testing.assert_allclose(out, ref, rtol=rtol, atol=rtol * np.sqrt(k))
+    _assert_scheduled(mod, "matmul", parallel=m * k * n >= 1 << 16)
+
+
+def test_matmul_bf16_output_cast():
+    rng = np.random.default_rng(1)
+    x, w = _randn(rng, (48, 70), ml_dtypes.bfloat16), _randn(rng, (70, 40), ml_dtypes.bfloat16)
+
+    def body(bb, x, w):
+        return relax.op.astype(bb.emit(relax.op.matmul(x, w, out_dtype="float32")), "bfloat16")
+
+    inputs = {"x": ((48, 70), "bfloat16"), "w": ((70, 40), "bfloat16")}
+    out, mod = _run(_module(inputs, body), x, w)
+    assert out.dtype == ml_dtypes.bfloat16
+    ref = x.astype("float64") @ w.astype("float64")
+    np.testing.assert_allclose(out.astype("float64"), ref, rtol=1e-2, atol=1e-1)
+    _assert_scheduled(mod, "matmul")
+
+
+@pytest.mark.parametrize(
+    ("a_shape", "b_shape"), [((3, 17, 40), (3, 40, 24)), ((2, 5, 33), (33, 20))]
+)
+def test_batch_matmul(a_shape, b_shape):
+    rng = np.random.default_rng(2)
+    a, b = _randn(rng, a_shape), _randn(rng, b_shape)
+    inputs = {"a": (a_shape, "float32"), "b": (b_shape, "float32")}
+    out, mod = _run(_module(inputs, lambda bb, a, b: relax.op.matmul(a, b)), a, b)
+    np.testing.assert_allclose(out, np.matmul(a.astype("float64"), b), rtol=1e-5, atol=1e-4)
+    assert _prim_funcs(mod)["matmul"].attrs["tirx.is_scheduled"]
+
+
+@T.prim_func(s_tir=True)
+def _dense(
+    x: T.Buffer((40, 72), "float32"),
+    w: T.Buffer((50, 72), "float32"),
+    y: T.Buffer((40, 50), "float32"),
+):
+    for i, j, k in T.grid(40, 50, 72):
+        with T.sblock("dense"):
+            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+            with T.init():
+                y[vi, vj] = T.float32(0)
+            y[vi, vj] = y[vi, vj] + x[vi, vk] * w[vj, vk]
+
+
+def test_dense_transposed_weight():
+    sch = CPUMatmul().apply(_dense, TARGET, False)
+    assert sch is not None
+    assert "T.vectorized" in sch.mod["main"].script()
+    lib = tvm.compile(sch.mod, target=TARGET)
+    rng = np.random.default_rng(3)
+    x, w = _randn(rng, (40, 72)), _randn(rng, (50, 72))
+    y = tvm.runtime.tensor(np.zeros((40, 50), "float32"))
+    lib["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(w), y)
+    np.testing.assert_allclose(y.numpy(), x.astype("float64") @ w.T, rtol=1e-5, atol=1e-4)
+
+
+def test_matmul_dynamic_shape_not_handled():
+    n = tvm.tirx.Var("n", "int64")
+    inputs = {"x": ((n, 32), "float32"), "w": ((32, 48), "float32")}
+    mod = _schedule(_module(inputs, lambda bb, x, w: relax.op.matmul(x, w)))
+    assert CPUMatmul().apply(mod["matmul"], TARGET, False) is None
+
+
+@pytest.mark.parametrize(
+    ("x_shape", "w_shape", "stride", "padding", "dilation"),
+    [
+        ((1, 3, 15, 17), (5, 3, 3, 3), 2, 1, 1),
+        ((2, 7, 20, 19), (13, 7, 3, 3), 2, 1, 2),
+        ((1, 16, 9, 9), (48, 16, 1, 1), 1, 0, 1),
+        ((1, 32, 14, 14), (64, 32, 3, 3), 1, 1, 1),
+    ],
+)
+def test_conv2d_bias_relu(x_shape, w_shape, stride, padding, dilation):
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(4)
+    x, w, b = _randn(rng, x_shape), _randn(rng, w_shape), _randn(rng, (1, w_shape[0], 1, 1))
+
+    def body(bb, x, w, b):
+        y = relax.op.nn.conv2d(x, w, strides=stride, padding=padding, dilation=dilation)
+        return relax.op.nn.relu(relax.op.add(bb.emit(y), b))
+
+    inputs = {"x": (x_shape, "float32"), "w": (w_shape, "float32"), "b": (b.shape, "float32")}
+    out, mod = _run(_module(inputs, body), x, w, b)
+    conv = torch.nn.functional.conv2d(
+        *(torch.from_numpy(a).double() for a in (x, w)), None, stride, padding, dilation
+    )
+    ref = torch.relu(conv + torch.from_numpy(b).double()).numpy()
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-4)
+    _assert_scheduled(mod, "conv2d", parallel=out.size * np.prod(w_shape[1:]) >= 1 << 16)
+
+
+def _legalized(inputs, body) -> tvm.IRModule:
+    with TARGET:
+        return tvm.transform.Sequential(LEGALIZE)(_module(inputs, body))
+
+
+def test_rules_do_not_overlap():
+    matmul = _legalized(
+        {"x": ((32, 32), "float32"), "w": ((32, 32), "float32")},
+        lambda bb, x, w: relax.op.matmul(x, w),
+    )["matmul"]
+    conv = _legalized(
+        {"x": ((1, 8, 10, 10), "float32"), "w": ((16, 8, 3, 3), "float32")},
+        lambda bb, x, w: relax.op.nn.conv2d(x, w, padding=1),
+    )["conv2d"]
+    assert CPUConv2d().apply(matmul, TARGET, False) is None
+    assert CPUMatmul().apply(conv, TARGET, False) is None
+    assert CPUConv2d().apply(conv, TARGET, False) is not None
+
+
+@pytest.mark.parametrize(
+    ("shapes", "body", "ref"),
+    [
+        (
+            [(37, 53), (53,)],
+            lambda bb, x, y: relax.op.nn.relu(relax.op.add(x, y)),
+            lambda x, y: np.maximum(x + y, 0),
+        ),
+        ([(128, 256)], lambda bb, x: relax.op.permute_dims(x), lambda x: x.T),
+        ([(64, 1000)], lambda bb, x: relax.op.nn.softmax(x), lambda x: _softmax(x)),
+    ],
+)
+def test_injective_and_reduction(shapes, body, ref):
+    rng = np.random.default_rng(5)
+    arrays = [_randn(rng, s) for s in shapes]
+    inputs = {f"x{i}": (s, "float32") for i, s in enumerate(shapes)}
+    out, mod = _run(_module(inputs, body), *arrays)
+    np.testing.assert_allclose(out, ref(*arrays), rtol=1e-5, atol=1e-6)
+    assert all(f.attrs["tirx.is_scheduled"] for f in _prim_funcs(mod).values())
+
+
+def test_default_rules_reject_non_cpu_target():
+    with pytest.raises(ValueError, match="target kind 'cuda' is not 'llvm'"):
+        default_cpu_rules(tvm.target.Target({"kind": "cuda", "arch": "sm_80"}))
