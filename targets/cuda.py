@@ -1,0 +1,103 @@
+"""The CUDA target: arch parsing, named GPUs, compute-capability checks and dlight schedules."""
+
+from __future__ import annotations
+
+import re
+import warnings
+
+import tvm
+
+from . import TargetEntry, register_target
+
+# Short names users write -> TVM target tags.
+GPU_TAGS = {
+    "nvidia/a100": "nvidia/nvidia-a100",
+    "nvidia/h100": "nvidia/nvidia-h100",
+    "nvidia/v100": "nvidia/nvidia-v100",
+    "nvidia/t4": "nvidia/nvidia-t4",
+    "nvidia/rtx4090": "nvidia/geforce-rtx-4090",
+}
+
+AMP_CC_WARNING = (
+    "AMP only support NVIDIA GPU with Compute Capability 7.0 or higher, current GPU is: {arch}"
+)
+
+
+def compute_capability(target: tvm.target.Target) -> int:
+    """70 for sm_70, 80 for sm_80, ..."""
+    arch = str(target.attrs.get("arch", "sm_50"))
+    match = re.fullmatch(r"sm_(\d+)[a-z]?", arch)
+    if match is None:
+        raise ValueError(f"tvmamp: CUDA arch {arch!r} is not of the form sm_XY")
+    return int(match.group(1))
+
+
+def _local_arch() -> str | None:
+    dev = tvm.cuda(0)
+    if not dev.exist:
+        return None
+    return "sm_" + dev.compute_version.replace(".", "")
+
+
+def make_target(options: dict) -> tvm.target.Target:
+    """A cuda target from options; a named GPU ("nvidia/a100") or the local GPU's arch."""
+    tag = options.pop("tag", None)
+    if tag is not None:
+        full = GPU_TAGS.get(tag, tag)
+        if full not in tvm.target.list_tags():
+            known = ", ".join(sorted(GPU_TAGS))
+            raise ValueError(f"tvmamp: unknown GPU {tag!r}; known names: {known}")
+        spec = dict(tvm.target.Target(full).export())
+    else:
+        spec = {"kind": "cuda"}
+    spec.update(options)
+    if "arch" not in spec:
+        spec["arch"] = _local_arch() or "sm_80"
+    if not re.fullmatch(r"sm_\d+[a-z]?", str(spec["arch"])):
+        raise ValueError(f"tvmamp: CUDA arch {spec['arch']!r} is not of the form sm_XY (sm_80)")
+    spec.setdefault("host", {"kind": "llvm"})
+    return tvm.target.Target(spec)
+
+
+def default_dtype(target: tvm.target.Target) -> str:
+    """fp16 on CUDA (tensor cores from sm_70)."""
+    return "float16"
+
+
+def check(target: tvm.target.Target, dtype: str) -> None:
+    """Paddle's warning below sm_70; bf16 needs sm_80."""
+    cc = compute_capability(target)
+    arch = target.attrs.get("arch")
+    if cc < 70:
+        warnings.warn(AMP_CC_WARNING.format(arch=arch), stacklevel=3)
+    if dtype == "bfloat16" and cc < 80:
+        raise ValueError(
+            f"tvmamp: bfloat16 needs compute capability 8.0 (sm_80) or higher; target arch is "
+            f"{arch}. Use dtype='float16' or a newer GPU."
+        )
+
+
+def schedule_passes(target: tvm.target.Target) -> list:
+    """TVM's dlight GPU rules (tensor-core rules for fp16 matmul included)."""
+    from tvm.s_tir import dlight as dl
+
+    return [
+        dl.ApplyDefaultSchedule(
+            dl.gpu.Matmul(),
+            dl.gpu.GEMV(),
+            dl.gpu.Reduction(),
+            dl.gpu.GeneralReduction(),
+            dl.gpu.Fallback(),
+        )
+    ]
+
+
+ENTRY = register_target(
+    TargetEntry(
+        name="cuda",
+        make_target=make_target,
+        default_dtype=default_dtype,
+        check=check,
+        schedule_passes=schedule_passes,
+    )
+)

@@ -1,0 +1,23 @@
+"""tvmamp: automatic mixed precision (fp16/bf16) compiler stack on Apache TVM Relax."""
+
+from tvmamp.build import build, convert
+from tvmamp.executable import Executable
+from tvmamp.lists import get_black_list, get_white_list
+from tvmamp.policy import LEVELS, LOW_DTYPES, Category, Policy
+from tvmamp.relay_passes import AmpReport, AutoMixedPrecision
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "LEVELS",
+    "LOW_DTYPES",
+    "AmpReport",
+    "AutoMixedPrecision",
+    "Category",
+    "Executable",
+    "Policy",
+    "build",
+    "convert",
+    "get_black_list",
+    "get_white_list",
+]

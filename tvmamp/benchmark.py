@@ -1,0 +1,46 @@
+"""Timing and error helpers shared by the demo, the CLI and bench/."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+import tvm
+
+
+def median_latency_ms(exe, inputs, repeat: int = 10, min_repeat_ms: int = 0) -> float:
+    """Median wall time of one call of ``main`` in milliseconds (TVM's time_evaluator)."""
+    args = [tvm.runtime.tensor(np.asarray(x), exe.device) for x in inputs]
+    timer = exe.vm.time_evaluator(
+        "main", exe.device, number=1, repeat=repeat, min_repeat_ms=min_repeat_ms
+    )
+    return float(np.median(timer(*args).results) * 1e3)
+
+
+def max_rel_error(out, ref) -> float:
+    """max |out - ref| / max |ref|, in float64 (tuples compared element by element)."""
+    if isinstance(ref, tuple):
+        return max(max_rel_error(o, r) for o, r in zip(out, ref))
+    out = np.asarray(out, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    scale = float(np.abs(ref).max()) or 1.0
+    return float(np.abs(out - ref).max() / scale)
+
+
+def paired_medians(fns, repeat: int = 20, number: int = 1) -> list[float]:
+    """Time ``fns`` interleaved, so machine noise hits them alike; median seconds per call each.
+
+    Each of ``repeat`` rounds times ``number`` calls of every function in turn, after one warm-up
+    call of each.
+    """
+    for fn in fns:
+        fn()
+    samples = [[] for _ in fns]
+    for _ in range(repeat):
+        for fn, out in zip(fns, samples):
+            start = time.perf_counter()
+            for _ in range(number):
+                fn()
+            out.append((time.perf_counter() - start) / number)
+    return [statistics.median(s) for s in samples]

@@ -1,0 +1,230 @@
+"""tvmamp.build: policy -> AMP pass -> target phases -> schedules -> Relax VM executable."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from tvmamp.policy import Policy, check_dtype, check_level
+from tvmamp.relay_passes import AutoMixedPrecision
+from tvmamp.targets import resolve_target
+
+from .executable import Executable
+
+
+def as_module(mod, component: str = "tvmamp.build") -> tvm.IRModule:
+    """Accept an IRModule or a relax.Function (as ``main``); anything else is a TypeError."""
+    if isinstance(mod, tvm.IRModule):
+        if not any(isinstance(f, relax.Function) for _, f in mod.functions_items()):
+            raise TypeError(f"{component}: the IRModule has no Relax function to compile")
+        return mod
+    if isinstance(mod, relax.Function):
+        return tvm.IRModule({"main": mod.with_attr("global_symbol", "main")})
+    raise TypeError(
+        f"{component}: expected a tvm.IRModule or relax.Function, got {type(mod).__name__}; "
+        "import PyTorch or ONNX models with tvmamp.from_torch / tvmamp.from_onnx first"
+    )
+
+
+def bind_params(mod: tvm.IRModule, params: Mapping | None, func_name: str = "main"):
+    """Bind named parameters of ``func_name`` as constants.
+
+    Returns the new module and a dict constant -> parameter name, which the AMP pass uses so
+    that per-node patterns can still match parameter names.
+    """
+    if not params:
+        return mod, {}
+    func = mod[func_name]
+    by_name = {p.name: p for p in func.params}
+    unknown = sorted(set(params) - set(by_name))
+    if unknown:
+        raise ValueError(
+            f"tvmamp.build: params {unknown} are not inputs of {func_name}; "
+            f"its inputs are {sorted(by_name)}"
+        )
+    constants = {}
+    for name, value in params.items():
+        array = value.numpy() if isinstance(value, tvm.runtime.Tensor) else np.asarray(value)
+        _check_param(name, array, by_name[name].ty)
+        constants[name] = relax.const(array, str(by_name[name].ty.dtype))
+    mod = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs)
+    mod[func_name] = func.bind_params(constants)
+    return mod, {c: name for name, c in constants.items()}
+
+
+def _check_param(name, array, ty):
+    from .executable import static_shape, tensor_dtype_of
+
+    want = tensor_dtype_of(ty)
+    if want is not None and str(array.dtype) != want:
+        raise TypeError(f"tvmamp.build: param {name!r} has dtype {array.dtype}, expected {want}")
+    shape = static_shape(ty)
+    if shape is not None and tuple(array.shape) != shape:
+        raise ValueError(f"tvmamp.build: param {name!r} has shape {array.shape}, expected {shape}")
+
+
+def convert(
+    mod,
+    level: str = "O1",
+    target="llvm",
+    dtype: str | None = None,
+    params: Mapping | None = None,
+    custom_white_list: Sequence[str] | None = None,
+    custom_black_list: Sequence[str] | None = None,
+    custom_fp32_nodes: Sequence[str] | None = None,
+    custom_low_nodes: Sequence[str] | None = None,
+    keep_io_types: bool = True,
+    accumulate_dtype: str = "float32",
+):
+    """Run only the AMP conversion: returns (converted module, AmpReport, Policy, tvm target)."""
+    mod = as_module(mod)
+    check_level(level, "tvmamp.build")
+    tvm_target, entry = resolve_target(target)
+    dtype = check_dtype(dtype or entry.default_dtype(tvm_target), "tvmamp.build")
+    if level != "O0":
+        entry.check(tvm_target, dtype)
+    policy = Policy.for_level(
+        level,
+        dtype,
+        custom_white_list=custom_white_list,
+        custom_black_list=custom_black_list,
+        custom_fp32_nodes=custom_fp32_nodes,
+        custom_low_nodes=custom_low_nodes,
+        unsupported_low_ops=entry.unsupported_low_ops(tvm_target, dtype),
+        accumulate_dtype=accumulate_dtype,
+    )
+    mod, constant_names = bind_params(mod, params)
+    amp = AutoMixedPrecision(policy, keep_io_types=keep_io_types, constant_names=constant_names)
+    converted = amp(mod)
+    relax.analysis.well_formed(converted)
+    return converted, amp.report, policy, tvm_target
+
+
+def build(
+    mod,
+    level: str = "O1",
+    target="llvm",
+    dtype: str | None = None,
+    params: Mapping | None = None,
+    custom_white_list: Sequence[str] | None = None,
+    custom_black_list: Sequence[str] | None = None,
+    keep_io_types: bool = True,
+    tuning_log: str | os.PathLike | None = None,
+    *,
+    custom_fp32_nodes: Sequence[str] | None = None,
+    custom_low_nodes: Sequence[str] | None = None,
+    accumulate_dtype: str = "float32",
+) -> Executable:
+    """Compile a Relax model with automatic mixed precision.
+
+    Parameters
+    ----------
+    mod : tvm.IRModule or relax.Function
+        The fp32 model (from TVMScript, ``relax.frontend``, ``from_torch`` or ``from_onnx``).
+    level : str
+        "O0", "O1", "O2", "O3", "OD" or "auto" (see :mod:`tvmamp.policy`).
+    target : str, dict or tvm.target.Target
+        "llvm", "llvm -mcpu=znver4", "cuda", "cuda -arch=sm_80", "nvidia/a100", a JSON dict...
+    dtype : str, optional
+        "float16" or "bfloat16"; by default bf16 on CPUs with avx512_bf16, fp16 elsewhere.
+    params : dict, optional
+        Values for inputs of ``main``, bound as constants (converted low at compile time).
+    custom_white_list, custom_black_list : list of str, optional
+        Op names (Relax, Paddle, MindSpore or PyTorch spellings) to force low or fp32.
+    keep_io_types : bool
+        Keep the model's inputs and outputs in their original dtypes.
+    tuning_log : path, optional
+        A tuning log directory from ``tvmamp.tune``; its kernels replace default schedules.
+    custom_fp32_nodes, custom_low_nodes : list of str, optional
+        Glob patterns on binding or parameter names, e.g. ``["head*"]``.
+    accumulate_dtype : str
+        ``out_dtype`` of low matmul/conv.
+
+    Returns
+    -------
+    Executable
+    """
+    converted, report, policy, tvm_target = convert(
+        mod,
+        level,
+        target,
+        dtype,
+        params,
+        custom_white_list,
+        custom_black_list,
+        custom_fp32_nodes,
+        custom_low_nodes,
+        keep_io_types,
+        accumulate_dtype,
+    )
+    return compile_converted(converted, report, policy, tvm_target, tuning_log)
+
+
+def compile_converted(converted, report, policy, tvm_target, tuning_log=None) -> Executable:
+    """Lower a converted module for its target and wrap it as an Executable."""
+    _, entry = resolve_target(tvm_target)
+    notes = []
+    database = _open_tuning_log(tuning_log) if tuning_log is not None else None
+    pipeline = _pipeline(tvm_target, entry, policy, database)
+    if database is not None:
+        with database:
+            vm_exec = tvm.compile(converted, target=tvm_target, relax_pipeline=pipeline)
+    else:
+        vm_exec = tvm.compile(converted, target=tvm_target, relax_pipeline=pipeline)
+    return Executable(vm_exec, tvm_target, converted, report, policy, notes)
+
+
+def _pipeline(target, entry, policy, database):
+    """The phases, in order, as in mlc-llm's pipeline: each a list of passes."""
+
+    @tvm.transform.module_pass(opt_level=0, name="tvmamp.Pipeline")
+    def pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        with target:
+            phases = [
+                # Phase 1. target partitioning (BYOC) and library dispatch
+                *entry.partition_passes(target, policy),
+                relax.backend.DispatchSampling(),
+                relax.backend.DispatchSortScan(),
+                # Phase 2. legalize to TIR and fuse
+                relax.transform.LegalizeOps(),
+                relax.transform.AnnotateTIROpPattern(),
+                relax.transform.FoldConstant(),
+                relax.transform.FuseOps(),
+                relax.transform.FuseTIR(),
+                # Phase 3. tuned kernels from the log, then default schedules for the rest
+                *([relax.transform.MetaScheduleApplyDatabase()] if database is not None else []),
+                *entry.schedule_passes(target),
+                # Phase 4. lower dataflow and finalise for the VM
+                relax.transform.RewriteDataflowReshape(),
+                relax.transform.ToNonDataflow(),
+                relax.transform.RemovePurityChecking(),
+                relax.transform.CallTIRRewrite(),
+                relax.transform.StaticPlanBlockMemory(),
+                relax.transform.LowerAllocTensor(),
+                relax.transform.KillAfterLastUse(),
+                relax.transform.LowerRuntimeBuiltin(),
+                relax.transform.ComputePrimValue(),
+                relax.transform.VMShapeLower(),
+                relax.transform.AttachGlobalSymbol(),
+            ]
+            return tvm.transform.Sequential(phases)(mod)
+
+    return pipeline
+
+
+def _open_tuning_log(path):
+    from tvm.s_tir import meta_schedule as ms
+
+    path = os.fspath(path)
+    files = ("database_workload.json", "database_tuning_record.json")
+    missing = [f for f in files if not os.path.isfile(os.path.join(path, f))]
+    if missing:
+        raise FileNotFoundError(
+            f"tvmamp.build: tuning log {path!r} lacks {', '.join(missing)}; "
+            "create one with tvmamp.tune(..., work_dir=...)"
+        )
+    return ms.database.JSONDatabase(work_dir=path, allow_missing=False)

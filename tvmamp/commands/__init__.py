@@ -1,0 +1,1 @@
+"""Subcommands of the tvmamp command line, one module each."""

@@ -1,0 +1,38 @@
+"""Options shared by the subcommands that build a model."""
+
+from __future__ import annotations
+
+
+def add_build_options(p) -> None:
+    """--level/--target/--dtype and the list options of tvmamp.build."""
+    p.add_argument(
+        "model",
+        metavar="MODEL",
+        help="built-in model name, module:function, file.py:function or a model file",
+    )
+    p.add_argument("--level", default="O1", help="O0, O1, O2, O3, OD or auto (default O1)")
+    p.add_argument(
+        "--target", default="llvm", help="llvm, 'llvm -mcpu=...', cuda, ... (default llvm)"
+    )
+    p.add_argument("--dtype", default=None, help="float16 or bfloat16 (default: per target)")
+    p.add_argument("--white", default="", help="comma-separated ops to force low")
+    p.add_argument("--black", default="", help="comma-separated ops to keep fp32")
+    p.add_argument("--fp32-nodes", default="", help="comma-separated name patterns kept fp32")
+    p.add_argument("--low-nodes", default="", help="comma-separated name patterns forced low")
+
+
+def _split(text: str):
+    return [t.strip() for t in text.split(",") if t.strip()] or None
+
+
+def build_kwargs(args) -> dict:
+    """Keyword arguments for tvmamp.build from parsed options."""
+    return dict(
+        level=args.level,
+        target=args.target,
+        dtype=args.dtype,
+        custom_white_list=_split(args.white),
+        custom_black_list=_split(args.black),
+        custom_fp32_nodes=_split(args.fp32_nodes),
+        custom_low_nodes=_split(args.low_nodes),
+    )

@@ -1,0 +1,145 @@
+"""Built-in Relax models with random weights: SimpleNet, a conv net and a transformer layer.
+
+Each builder returns ``(mod, params)``: ``main`` takes the data inputs first, then the
+parameters (``num_input`` attribute), and ``params`` holds seeded random values for them, so a
+model can be built with ``tvmamp.build(mod, params=params)``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import relax
+
+
+class _Builder:
+    """Collects parameters with seeded random values while a function is being built."""
+
+    def __init__(self, seed: int):
+        self.rng = np.random.default_rng(seed)
+        self.params: list[relax.Var] = []
+        self.values: dict[str, np.ndarray] = {}
+
+    def param(self, name: str, shape, scale: float, offset: float = 0.0) -> relax.Var:
+        var = relax.Var(name, relax.TensorType(shape, "float32"))
+        value = offset + scale * self.rng.standard_normal(shape)
+        self.params.append(var)
+        self.values[name] = value.astype("float32")
+        return var
+
+
+def _linear(bb, b: _Builder, x, name, n_in, n_out):
+    w = b.param(f"{name}.weight", (n_out, n_in), 1.0 / np.sqrt(n_in))
+    bias = b.param(f"{name}.bias", (n_out,), 0.1)
+    y = bb.emit(relax.op.matmul(x, relax.op.permute_dims(w)))
+    return bb.emit(relax.op.add(y, bias))
+
+
+def _function(name_inputs, body, seed):
+    """Build ``main(*inputs, *params)`` with ``body(bb, builder, *inputs) -> output``."""
+    bb = relax.BlockBuilder()
+    builder = _Builder(seed)
+    inputs = [relax.Var(n, relax.TensorType(s, "float32")) for n, s in name_inputs]
+    with bb.function("main"):
+        with bb.dataflow():
+            out = bb.emit_output(body(bb, builder, *inputs))
+        bb.emit_func_output(out, params=[*inputs, *builder.params])
+    mod = bb.get()
+    mod["main"] = mod["main"].with_attr("num_input", len(inputs))
+    return mod, builder.values
+
+
+def simple_net(batch: int = 256, hidden: int = 1024, layers: int = 9, seed: int = 0):
+    """Paddle's AMP-guide SimpleNet: ``layers`` x Linear(hidden) with ReLU between them."""
+
+    def body(bb, b, x):
+        for i in range(layers):
+            x = _linear(bb, b, x, f"linear{i}", hidden, hidden)
+            if i < layers - 1:
+                x = bb.emit(relax.op.nn.relu(x))
+        return x
+
+    return _function([("x", (batch, hidden))], body, seed)
+
+
+def conv_net(batch: int = 1, channels: int = 16, size: int = 16, blocks: int = 2, seed: int = 0):
+    """``blocks`` x (conv3x3 + batch_norm + relu), then global average pool and a linear head."""
+
+    def body(bb, b, x):
+        c_in = 3
+        for i in range(blocks):
+            w = b.param(f"conv{i}.weight", (channels, c_in, 3, 3), 1.0 / np.sqrt(9 * c_in))
+            gamma = b.param(f"bn{i}.weight", (channels,), 0.1, 1.0)
+            beta = b.param(f"bn{i}.bias", (channels,), 0.1)
+            mean = b.param(f"bn{i}.running_mean", (channels,), 0.1)
+            var = b.param(f"bn{i}.running_var", (channels,), 0.0, 1.0)
+            x = bb.emit(relax.op.nn.conv2d(x, w, padding=1))
+            bn = bb.emit(relax.op.nn.batch_norm(x, gamma, beta, mean, var, axis=1, training=False))
+            x = bb.emit(relax.op.nn.relu(bb.emit(relax.TupleGetItem(bn, 0))))
+            c_in = channels
+        x = bb.emit(relax.op.mean(x, axis=[2, 3]))
+        return _linear(bb, b, x, "head", channels, 10)
+
+    return _function([("x", (batch, 3, size, size))], body, seed)
+
+
+def transformer_layer(batch: int = 2, seq: int = 16, dim: int = 64, heads: int = 4, seed: int = 0):
+    """A post-norm transformer encoder layer: attention (matmul + softmax), layer_norm, GELU MLP."""
+    head_dim = dim // heads
+
+    def split_heads(bb, t):
+        t = bb.emit(relax.op.reshape(t, (batch, seq, heads, head_dim)))
+        return bb.emit(relax.op.permute_dims(t, (0, 2, 1, 3)))
+
+    def layer_norm(bb, b, x, name):
+        g = b.param(f"{name}.weight", (dim,), 0.1, 1.0)
+        beta = b.param(f"{name}.bias", (dim,), 0.1)
+        return bb.emit(relax.op.nn.layer_norm(x, g, beta, axes=[-1]))
+
+    def body(bb, b, x):
+        q, k, v = (split_heads(bb, _linear(bb, b, x, f"attn.{n}", dim, dim)) for n in "qkv")
+        kt = bb.emit(relax.op.permute_dims(k, (0, 1, 3, 2)))
+        scores = bb.emit(relax.op.matmul(q, kt))
+        scores = bb.emit(relax.op.multiply(scores, relax.const(1.0 / np.sqrt(head_dim), "float32")))
+        attn = bb.emit(relax.op.matmul(bb.emit(relax.op.nn.softmax(scores, axis=-1)), v))
+        attn = bb.emit(relax.op.permute_dims(attn, (0, 2, 1, 3)))
+        attn = bb.emit(relax.op.reshape(attn, (batch, seq, dim)))
+        x = layer_norm(
+            bb, b, bb.emit(relax.op.add(x, _linear(bb, b, attn, "attn.out", dim, dim))), "ln1"
+        )
+        h = bb.emit(relax.op.nn.gelu(_linear(bb, b, x, "mlp.fc1", dim, 4 * dim)))
+        return layer_norm(
+            bb, b, bb.emit(relax.op.add(x, _linear(bb, b, h, "mlp.fc2", 4 * dim, dim))), "ln2"
+        )
+
+    return _function([("x", (batch, seq, dim))], body, seed)
+
+
+MODELS = {
+    "simplenet": simple_net,
+    "convnet": conv_net,
+    "transformer": transformer_layer,
+}
+
+
+def get_model(name: str, **kwargs):
+    """A built-in model by name (see ``MODELS``)."""
+    if name not in MODELS:
+        raise ValueError(
+            f"tvmamp: unknown built-in model {name!r}; choose from {', '.join(MODELS)}"
+        )
+    return MODELS[name](**kwargs)
+
+
+def example_inputs(mod: tvm.IRModule, seed: int = 1) -> list[np.ndarray]:
+    """Random non-zero float32 inputs matching the data inputs of ``main``."""
+    from .executable import static_shape
+
+    func = mod["main"]
+    n = (
+        int(func.attrs["num_input"])
+        if func.attrs and "num_input" in func.attrs
+        else len(func.params)
+    )
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(static_shape(p.ty)).astype("float32") for p in func.params[:n]]
