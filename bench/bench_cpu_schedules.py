@@ -15,9 +15,9 @@ import tvm
 from tvm import relax
 from tvm.relax.frontend.torch import from_exported_program
 from tvm.s_tir import dlight as dl
-from tvmamp.schedules.cpu import default_cpu_rules
 
 from tvmamp.benchmark import paired_medians
+from tvmamp.schedules.cpu import default_cpu_rules
 
 LEGALIZE = [
     relax.transform.LegalizeOps(),

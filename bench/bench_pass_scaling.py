@@ -9,9 +9,9 @@ import argparse
 import time
 
 from tvm import relax
-from tvmamp.relay_passes import AutoMixedPrecision
 
 from tvmamp.policy import Policy
+from tvmamp.relay_passes import AutoMixedPrecision
 
 # A repeating chain that touches every category: white, follow, black, promote.
 PATTERN = ("matmul", "relu", "add", "exp", "atan2", "softmax", "multiply", "reshape")

@@ -133,6 +133,7 @@ def check(target: tvm.target.Target, dtype: str) -> None:
 def schedule_passes(target: tvm.target.Target) -> list:
     """dlight default schedules for CPUs (tvmamp.schedules.cpu)."""
     from tvm.s_tir import dlight as dl
+
     from tvmamp.schedules.cpu import default_cpu_rules
 
     return [dl.ApplyDefaultSchedule(*default_cpu_rules(target))]

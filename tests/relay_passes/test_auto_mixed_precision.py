@@ -7,9 +7,9 @@ from tvm import relax
 from tvm.script import ir as I
 from tvm.script import relax as R
 from tvm.script import tirx as T
-from tvmamp.relay_passes import AutoMixedPrecision
 
 from tvmamp.policy import Policy
+from tvmamp.relay_passes import AutoMixedPrecision
 
 
 def run(mod, level="O1", dtype="float16", keep_io_types=True, **custom):

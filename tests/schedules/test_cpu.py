@@ -9,6 +9,7 @@ import tvm
 from tvm import relax
 from tvm.s_tir import dlight as dl
 from tvm.script import tirx as T
+
 from tvmamp.schedules.cpu import CPUConv2d, CPUMatmul, default_cpu_rules
 
 TARGET = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})

@@ -1,0 +1,68 @@
+"""Target strings, dicts and Target objects resolve to TVM 0.27 targets and their entries."""
+
+import pytest
+import tvm
+
+from tvmamp.targets import REGISTRY, resolve_target
+from tvmamp.targets.llvm import host_cpu
+
+
+def test_llvm_strings_become_dicts_with_a_resolved_cpu():
+    target, entry = resolve_target("llvm")
+    assert entry.name == "llvm" and target.attrs["mcpu"] == host_cpu() != "native"
+    target, _ = resolve_target("llvm -mcpu=znver4 -num-cores=1")
+    assert target.attrs["mcpu"] == "znver4" and int(target.attrs["num-cores"]) == 1
+
+
+def test_host_cpu_has_the_hosts_vector_features():
+    flags = open("/proc/cpuinfo").read()
+    cpu = tvm.target.Target({"kind": "llvm", "mcpu": host_cpu()})
+    has = tvm.target.codegen.llvm_cpu_has_features
+    if " avx512_bf16" in flags:
+        assert has(["avx512bf16"], cpu)
+    if " avx2" in flags:
+        assert has(["avx2"], cpu)
+
+
+@pytest.mark.parametrize(
+    "spec,arch",
+    [
+        ("cuda -arch=sm_80", "sm_80"),
+        ("cuda -arch=sm_90", "sm_90"),
+        ("nvidia/a100", "sm_80"),
+        ("nvidia/h100", "sm_90a"),
+        ({"kind": "cuda", "arch": "sm_75"}, "sm_75"),
+    ],
+)
+def test_cuda_targets(spec, arch):
+    target, entry = resolve_target(spec)
+    assert entry.name == "cuda" and target.attrs["arch"] == arch
+
+
+def test_target_objects_and_json_text_pass_through():
+    target = tvm.target.Target({"kind": "llvm", "mcpu": "haswell"})
+    assert resolve_target(target)[0] is target
+    assert resolve_target('{"kind": "llvm", "mcpu": "haswell"}')[0].attrs["mcpu"] == "haswell"
+
+
+@pytest.mark.parametrize(
+    "spec,message",
+    [
+        ("tpu", "unknown target 'tpu'"),
+        ("llvn", "did you mean llvm"),
+        ("cuda -arch=80", "is not of the form sm_XY"),
+        ("nvidia/b999", "unknown GPU 'nvidia/b999'"),
+        ("llvm mcpu", "must look like -key=value"),
+        ({"mcpu": "x"}, "has no 'kind'"),
+        ("{bad json", "is not valid JSON"),
+    ],
+)
+def test_bad_targets(spec, message):
+    with pytest.raises(ValueError, match=message):
+        resolve_target(spec)
+    with pytest.raises(TypeError, match="target must be"):
+        resolve_target(42)
+
+
+def test_registry_has_one_entry_per_kind():
+    assert {"llvm", "cuda"} <= set(REGISTRY)

@@ -1,0 +1,95 @@
+"""The tvmamp command line: demo, compile then run, and clear errors."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import tvmamp
+from tvmamp import models
+from tvmamp.cli import main
+
+
+def test_demo_prints_the_table(capsys):
+    assert (
+        main(
+            [
+                "demo",
+                "--batch",
+                "4",
+                "--hidden",
+                "32",
+                "--layers",
+                "3",
+                "--repeat",
+                "2",
+                "--target",
+                "llvm -num-cores=1",
+            ]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    for level in ("O0", "O1", "O2"):
+        assert f"\n{level} " in out
+    assert "max rel err" in out and "median ms" in out
+
+
+def test_compile_then_run_matches_the_python_api(tmp_path, capsys):
+    lib, x_path, out_path = tmp_path / "m.so", tmp_path / "x.npy", tmp_path / "out.npy"
+    args = [
+        "compile",
+        "transformer",
+        "--level",
+        "O2",
+        "--dtype",
+        "bfloat16",
+        "--target",
+        "llvm -num-cores=1",
+        "--black",
+        "gelu",
+        "-o",
+        str(lib),
+    ]
+    assert main(args) == 0
+    assert "casts inserted" in capsys.readouterr().out
+    mod, params = models.transformer_layer()
+    x = models.example_inputs(mod)[0]
+    np.save(x_path, x)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tvmamp",
+            "run",
+            str(lib),
+            "--inputs",
+            str(x_path),
+            "-o",
+            str(out_path),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    )
+    assert "output 0: shape (2, 16, 64)" in result.stdout
+    exe = tvmamp.build(
+        mod, "O2", "llvm -num-cores=1", dtype="bfloat16", params=params, custom_black_list=["gelu"]
+    )
+    np.testing.assert_allclose(np.load(out_path), exe(x), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["compile", "nosuchmodel", "-o", "x.so"], "cannot load model 'nosuchmodel'"),
+        (["compile", "missing.json", "-o", "x.so"], "no such model file"),
+        (["compile", "simplenet", "--level", "O9", "-o", "x.so"], "level 'O9' is not one of"),
+        (["run", "missing.so", "--inputs", "x.npy"], "no such file"),
+    ],
+)
+def test_errors_are_reported_without_a_traceback(argv, message, capsys):
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
