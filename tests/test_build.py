@@ -142,19 +142,20 @@ def test_cuda_hardware_checks():
 
 def test_default_dtype_follows_the_target():
     mod, params = MODELS["mlp"]()
-    _, report, _, _ = tvmamp.convert(mod, "O2", "cuda -arch=sm_80", params=params)
-    assert report.low_dtype == "float16"
-    _, report, _, target = tvmamp.convert(mod, "O2", "llvm -mcpu=sapphirerapids", params=params)
-    assert report.low_dtype == "bfloat16"
+    assert tvmamp.convert(mod, "O2", "cuda -arch=sm_80", params=params).policy.low_dtype == (
+        "float16"
+    )
+    converted = tvmamp.convert(mod, "O2", "llvm -mcpu=sapphirerapids", params=params)
+    assert converted.report.low_dtype == "bfloat16"
     with pytest.warns(UserWarning, match="has no avx512_bf16"):
         tvmamp.convert(mod, "O2", "llvm -mcpu=haswell", dtype="bfloat16", params=params)
-    _, report, _, _ = tvmamp.convert(mod, "O2", "llvm -mcpu=haswell", params=params)
-    assert report.low_dtype == "float16"
+    converted = tvmamp.convert(mod, "O2", "llvm -mcpu=haswell", params=params)
+    assert converted.report.low_dtype == "float16"
 
 
 def test_well_formed_after_the_pass_on_every_model():
     for make in MODELS.values():
         mod, params = make()
         for level in tvmamp.LEVELS:
-            converted, *_ = tvmamp.convert(mod, level, TARGET, dtype="float16", params=params)
-            relax.analysis.well_formed(converted)
+            converted = tvmamp.convert(mod, level, TARGET, dtype="float16", params=params)
+            relax.analysis.well_formed(converted.mod)

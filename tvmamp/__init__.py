@@ -1,6 +1,6 @@
 """tvmamp: automatic mixed precision (fp16/bf16) compiler stack on Apache TVM Relax."""
 
-from tvmamp.build import build, convert
+from tvmamp.build import Converted, build, convert
 from tvmamp.executable import Executable
 from tvmamp.lists import get_black_list, get_white_list
 from tvmamp.policy import LEVELS, LOW_DTYPES, Category, Policy
@@ -14,6 +14,7 @@ __all__ = [
     "AmpReport",
     "AutoMixedPrecision",
     "Category",
+    "Converted",
     "Executable",
     "Policy",
     "build",

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import tvm
@@ -14,6 +16,22 @@ from tvmamp.relay_passes import AutoMixedPrecision
 from tvmamp.targets import resolve_target
 
 from .executable import Executable
+
+# Functions ``hook(converted: Converted) -> tvm.IRModule`` run on every converted module before it
+# is lowered (instrumentation such as the tensor checker registers here while it is enabled).
+# With no hook registered the compiled module is exactly the uninstrumented one.
+BUILD_HOOKS: list[Callable] = []
+
+
+@dataclasses.dataclass
+class Converted:
+    """The result of :func:`convert`: the mixed-precision module and what produced it."""
+
+    mod: tvm.IRModule
+    report: object
+    policy: Policy
+    target: tvm.target.Target
+    entry: object
 
 
 def as_module(mod, component: str = "tvmamp.build") -> tvm.IRModule:
@@ -80,7 +98,14 @@ def convert(
     keep_io_types: bool = True,
     accumulate_dtype: str = "float32",
 ):
-    """Run only the AMP conversion: returns (converted module, AmpReport, Policy, tvm target)."""
+    """Run only the AMP conversion (no lowering); see :func:`build` for the parameters.
+
+    Returns
+    -------
+    Converted
+        ``.mod`` the converted Relax module, ``.report`` the AmpReport, ``.policy``,
+        ``.target`` (a tvm Target) and ``.entry`` (its tvmamp TargetEntry).
+    """
     mod = as_module(mod)
     check_level(level, "tvmamp.build")
     tvm_target, entry = resolve_target(target)
@@ -101,7 +126,7 @@ def convert(
     amp = AutoMixedPrecision(policy, keep_io_types=keep_io_types, constant_names=constant_names)
     converted = amp(mod)
     relax.analysis.well_formed(converted)
-    return converted, amp.report, policy, tvm_target
+    return Converted(converted, amp.report, policy, tvm_target, entry)
 
 
 def build(
@@ -148,7 +173,7 @@ def build(
     -------
     Executable
     """
-    converted, report, policy, tvm_target = convert(
+    converted = convert(
         mod,
         level,
         target,
@@ -161,21 +186,19 @@ def build(
         keep_io_types,
         accumulate_dtype,
     )
-    return compile_converted(converted, report, policy, tvm_target, tuning_log)
+    return compile_converted(converted, tuning_log)
 
 
-def compile_converted(converted, report, policy, tvm_target, tuning_log=None) -> Executable:
-    """Lower a converted module for its target and wrap it as an Executable."""
-    _, entry = resolve_target(tvm_target)
-    notes = []
+def compile_converted(converted: Converted, tuning_log=None) -> Executable:
+    """Lower a converted module for its target (build hooks, then the target phases)."""
+    mod = converted.mod
+    for hook in BUILD_HOOKS:
+        mod = hook(dataclasses.replace(converted, mod=mod))
     database = _open_tuning_log(tuning_log) if tuning_log is not None else None
-    pipeline = _pipeline(tvm_target, entry, policy, database)
-    if database is not None:
-        with database:
-            vm_exec = tvm.compile(converted, target=tvm_target, relax_pipeline=pipeline)
-    else:
-        vm_exec = tvm.compile(converted, target=tvm_target, relax_pipeline=pipeline)
-    return Executable(vm_exec, tvm_target, converted, report, policy, notes)
+    pipeline = _pipeline(converted.target, converted.entry, converted.policy, database)
+    with database if database is not None else contextlib.nullcontext():
+        vm_exec = tvm.compile(mod, target=converted.target, relax_pipeline=pipeline)
+    return Executable(vm_exec, converted.target, converted.mod, converted.report, converted.policy)
 
 
 def _pipeline(target, entry, policy, database):
