@@ -159,3 +159,10 @@ def test_well_formed_after_the_pass_on_every_model():
         for level in tvmamp.LEVELS:
             converted = tvmamp.convert(mod, level, TARGET, dtype="float16", params=params)
             relax.analysis.well_formed(converted.mod)
+
+
+def test_cuda_ptx_comes_from_nvcc_without_a_gpu():
+    mod, params = MODELS["mlp"]()
+    exe = tvmamp.build(mod, "O2", "cuda -arch=sm_80", dtype="float16", params=params)
+    ptx = exe.get_source("ptx")
+    assert ".target sm_80" in ptx and ".entry" in ptx

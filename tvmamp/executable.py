@@ -89,12 +89,12 @@ class Executable:
         if fmt not in formats:
             raise ValueError(f"tvmamp: source format {fmt!r} is not one of {', '.join(formats)}")
         if fmt == "ptx":
-            from tvm.contrib import nvcc
+            from tvm.support import nvcc
 
             arch = str(self.target.attrs.get("arch", "sm_80"))
-            return nvcc.compile_cuda(
-                self.get_source("cuda"), target_format="ptx", arch=arch
-            ).decode()
+            with self.target:  # nvcc reads the compute version from the current target
+                ptx = nvcc.compile_cuda(self.get_source("cuda"), "ptx", arch, compiler="nvcc")
+            return ptx if isinstance(ptx, str) else bytes(ptx).decode()
         kind = "cuda" if fmt == "cuda" else "llvm"
         sources = [m.inspect_source(fmt) for m in _walk(self.vm_exec.mod) if m.kind == kind]
         if not sources:
