@@ -17,6 +17,17 @@ class ForcedNode:
 
 
 @dataclasses.dataclass
+class NodeDecision:
+    """The compute dtype the pass chose for one op call, and why."""
+
+    node: str  # "<function>/<binding name>", unique in the module
+    op: str
+    dtype: str
+    category: str
+    reason: str  # "policy", "custom_fp32_nodes", "custom_low_nodes", "node_dtypes", "overflow"
+
+
+@dataclasses.dataclass
 class AmpReport:
     """Counters filled by :class:`AutoMixedPrecision` while it rewrites a module.
 
@@ -32,6 +43,8 @@ class AmpReport:
         Nodes forced by ``custom_fp32_nodes``/``custom_low_nodes`` or the overflow guard.
     constants_converted : int
         Constants (bound params included) converted to the low dtype at compile time.
+    nodes : list of NodeDecision
+        Every float op call that runs at run time, in program order, with its node id.
     """
 
     level: str = "O0"
@@ -43,6 +56,7 @@ class AmpReport:
     )
     forced: list = dataclasses.field(default_factory=list)
     constants_converted: int = 0
+    nodes: list = dataclasses.field(default_factory=list)
 
     def count_op(self, op_name: str, dtype: str) -> None:
         """Record one call of ``op_name`` computing in ``dtype``."""
@@ -66,6 +80,7 @@ class AmpReport:
             "ops_per_dtype": self.ops_per_dtype(),
             "ops": {name: dict(c) for name, c in sorted(self.ops.items())},
             "forced": [dataclasses.asdict(f) for f in self.forced],
+            "nodes": [dataclasses.asdict(n) for n in self.nodes],
         }
 
     def summary(self) -> str:

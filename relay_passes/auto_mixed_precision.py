@@ -29,7 +29,7 @@ from tvm.relax import PyExprMutator
 
 from tvmamp.policy import FLOAT_DTYPES, Policy
 
-from .amp_report import AmpReport, ForcedNode
+from .amp_report import AmpReport, ForcedNode, NodeDecision
 
 _CAST_OPS = ("relax.astype", "relax.wrap_param")
 
@@ -87,7 +87,8 @@ class AutoMixedPrecision:
         rewriter = _Rewriter(mod, self.policy, self.report, self.constant_names, low_io)
         for gv, func in mod.functions_items():
             if isinstance(func, relax.Function):
-                rewriter.builder_.update_func(gv, rewriter.rewrite(func, low_io[gv]))
+                new_func = rewriter.rewrite(func, low_io[gv], gv.name_hint)
+                rewriter.builder_.update_func(gv, new_func)
         return rewriter.builder_.get()
 
 
@@ -109,11 +110,14 @@ class _Rewriter(PyExprMutator):
         self._param_names = {}  # param var -> name
         self._from_constants = set()  # vars computed from constants only (FoldConstant folds them)
         self._low_params = False
+        self._func_name = "main"
+        self._node_ids = set()
 
     # ---- functions, blocks and bindings -------------------------------------------------
-    def rewrite(self, func: relax.Function, low_io: bool) -> relax.Function:
+    def rewrite(self, func: relax.Function, low_io: bool, name: str = "main") -> relax.Function:
         """Rewrite one function; restore its result dtypes unless ``low_io``."""
         self._low_params = low_io
+        self._func_name = name
         self._param_names.update({p: p.name for p in func.params})
         new = self.visit_expr(func)
         if low_io:
@@ -198,7 +202,11 @@ class _Rewriter(PyExprMutator):
         inputs = self._float_inputs(args)
         dtype = self.policy.compute_dtype(op_name, self._decision_dtypes(inputs))
         if dtype is not None:
-            dtype = self._override(var, op_name, args, inputs, dtype)
+            node_id = self._new_node_id(var)
+            dtype, reason = self._override(var, node_id, op_name, inputs, dtype)
+            if not self._all_constant(args):
+                category = self.policy.category(op_name).value
+                self.report.nodes.append(NodeDecision(node_id, op_name, dtype, category, reason))
         if dtype is None:  # fixed dtypes: give the op what it was written for
             new_args = [self._match_type(a, old.ty) for a, old in zip(args, call.args)]
             return relax.Call(call.op, new_args, call.attrs, call.ty_args, call.span), None
@@ -211,18 +219,32 @@ class _Rewriter(PyExprMutator):
             self.report.count_op(op_name, dtype)
         return relax.Call(call.op, new_args, attrs, call.ty_args, call.span), nominal
 
-    def _override(self, var, op_name, args, inputs, dtype):
+    def _override(self, var, node_id, op_name, inputs, dtype):
+        """Apply per-node rules and the overflow guard; returns (dtype, reason)."""
+        reason = "policy"
         names = [var.name] + [self._name_of(e) for e in inputs]
-        forced = self.policy.node_override(names)
+        forced = self.policy.node_override(names, node_id)
         if forced is not None and forced != dtype:
-            which = "custom_fp32_nodes" if forced == "float32" else "custom_low_nodes"
-            self.report.forced.append(ForcedNode(var.name, op_name, forced, which))
+            if node_id in self.policy.node_dtypes:
+                reason = "node_dtypes"
+            else:
+                reason = "custom_fp32_nodes" if forced == "float32" else "custom_low_nodes"
+            self.report.forced.append(ForcedNode(var.name, op_name, forced, reason))
             dtype = forced
         if dtype != "float32" and any(self._overflows(e, dtype) for e in inputs):
-            reason = f"a constant input exceeds the {dtype} range"
-            self.report.forced.append(ForcedNode(var.name, op_name, "float32", reason))
-            dtype = "float32"
-        return dtype
+            why = f"a constant input exceeds the {dtype} range"
+            self.report.forced.append(ForcedNode(var.name, op_name, "float32", why))
+            dtype, reason = "float32", "overflow"
+        return dtype, reason
+
+    def _new_node_id(self, var):
+        """``function/binding`` name, made unique with ``#k`` when a name repeats."""
+        base = f"{self._func_name}/{var.name}"
+        node_id, k = base, 1
+        while node_id in self._node_ids:
+            node_id, k = f"{base}#{k}", k + 1
+        self._node_ids.add(node_id)
+        return node_id
 
     def _rewrite_cast(self, call):
         src = self.visit_expr(call.args[0])

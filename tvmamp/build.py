@@ -97,6 +97,7 @@ def convert(
     custom_low_nodes: Sequence[str] | None = None,
     keep_io_types: bool = True,
     accumulate_dtype: str = "float32",
+    node_dtypes: Mapping[str, str] | None = None,
 ):
     """Run only the AMP conversion (no lowering); see :func:`build` for the parameters.
 
@@ -121,6 +122,7 @@ def convert(
         custom_low_nodes=custom_low_nodes,
         unsupported_low_ops=entry.unsupported_low_ops(tvm_target, dtype),
         accumulate_dtype=accumulate_dtype,
+        node_dtypes=dict(node_dtypes) if node_dtypes else None,
     )
     mod, constant_names = bind_params(mod, params)
     amp = AutoMixedPrecision(policy, keep_io_types=keep_io_types, constant_names=constant_names)
@@ -143,6 +145,7 @@ def build(
     custom_fp32_nodes: Sequence[str] | None = None,
     custom_low_nodes: Sequence[str] | None = None,
     accumulate_dtype: str = "float32",
+    node_dtypes: Mapping[str, str] | None = None,
 ) -> Executable:
     """Compile a Relax model with automatic mixed precision.
 
@@ -168,6 +171,8 @@ def build(
         Glob patterns on binding or parameter names, e.g. ``["head*"]``.
     accumulate_dtype : str
         ``out_dtype`` of low matmul/conv.
+    node_dtypes : dict, optional
+        Exact per-node dtypes, node id (as in ``exe.stats.nodes``) -> "float32" or "low".
 
     Returns
     -------
@@ -185,6 +190,7 @@ def build(
         custom_low_nodes,
         keep_io_types,
         accumulate_dtype,
+        node_dtypes,
     )
     return compile_converted(converted, tuning_log)
 

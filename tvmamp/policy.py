@@ -115,6 +115,10 @@ class Policy:
         ``out_dtype`` given to matmul/conv when they run low.
     fp32_nodes, low_nodes : tuple of str
         Glob patterns on binding or parameter names that force a node to fp32 or to low.
+    node_dtypes : dict
+        Exact per-node assignment, node id (``"main/lv3"``, see ``AmpReport.nodes``) ->
+        ``"float32"`` or ``"low"``. It wins over every other rule but the overflow guard; a
+        precision plan is applied through it.
     """
 
     level: str
@@ -123,6 +127,7 @@ class Policy:
     accumulate_dtype: str = "float32"
     fp32_nodes: tuple = ()
     low_nodes: tuple = ()
+    node_dtypes: dict = dataclasses.field(default_factory=dict)
 
     @classmethod
     def for_level(
@@ -136,6 +141,7 @@ class Policy:
         custom_low_nodes: Sequence[str] | None = None,
         unsupported_low_ops: Iterable[str] = (),
         accumulate_dtype: str = "float32",
+        node_dtypes: dict | None = None,
     ) -> Policy:
         """Build the policy for a level, with the user's list edits and the target's limits.
 
@@ -175,6 +181,7 @@ class Policy:
             accumulate_dtype=accumulate_dtype,
             fp32_nodes=_check_patterns(custom_fp32_nodes, "custom_fp32_nodes"),
             low_nodes=_check_patterns(custom_low_nodes, "custom_low_nodes"),
+            node_dtypes=_check_node_dtypes(node_dtypes),
         )
 
     def category(self, op_name: str) -> Category:
@@ -201,8 +208,11 @@ class Policy:
             return widest
         return low  # O2: follow ops run low
 
-    def node_override(self, names: Iterable[str]) -> str | None:
-        """Per-node dtype forced by ``fp32_nodes``/``low_nodes`` for a node with these names."""
+    def node_override(self, names: Iterable[str], node_id: str | None = None) -> str | None:
+        """Per-node dtype forced by ``node_dtypes`` (exact id) or ``fp32_nodes``/``low_nodes``."""
+        exact = self.node_dtypes.get(node_id) if node_id else None
+        if exact is not None:
+            return "float32" if exact == "float32" else self.low_dtype
         names = [n for n in names if n]
         if any(fnmatch.fnmatchcase(n, p) for n in names for p in self.fp32_nodes):
             return "float32"
@@ -241,3 +251,18 @@ def _check_patterns(patterns: Sequence[str] | None, what: str) -> tuple:
         if not isinstance(p, str) or not p:
             raise TypeError(f"tvmamp.Policy: {what} entries must be non-empty strings, got {p!r}")
     return tuple(patterns)
+
+
+def _check_node_dtypes(node_dtypes: dict | None) -> dict:
+    if node_dtypes is None:
+        return {}
+    if not isinstance(node_dtypes, dict):
+        raise TypeError(f"tvmamp.Policy: node_dtypes must be a dict, got {node_dtypes!r}")
+    choices = ("float32", "low", *LOW_DTYPES)
+    for node, dtype in node_dtypes.items():
+        if dtype not in choices:
+            raise ValueError(
+                f"tvmamp.Policy: node {node!r} has dtype {dtype!r}; "
+                f"choose from {', '.join(choices)}"
+            )
+    return dict(node_dtypes)

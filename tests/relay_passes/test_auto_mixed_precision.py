@@ -403,3 +403,23 @@ def test_report_summary_mentions_casts_and_dtypes():
 def test_policy_type_is_checked():
     with pytest.raises(TypeError, match="must be a tvmamp.Policy"):
         AutoMixedPrecision("O1")
+
+
+def test_every_runtime_op_gets_a_unique_node_id():
+    _, report = run(Mixed, "O2")
+    assert [(n.node, n.op, n.dtype, n.reason) for n in report.nodes] == [
+        ("main/y", "relax.matmul", "float16", "policy"),
+        ("main/a", "relax.add", "float16", "policy"),
+        ("main/e", "relax.exp", "float32", "policy"),
+        ("main/p", "relax.atan2", "float32", "policy"),
+    ]
+
+
+def test_exact_node_dtypes_win_over_the_lists():
+    _, report = run(Mixed, "O2", node_dtypes={"main/a": "float32", "main/e": "low"})
+    decided = {n.node: (n.dtype, n.reason) for n in report.nodes}
+    assert decided["main/a"] == ("float32", "node_dtypes")
+    assert decided["main/e"] == ("float16", "node_dtypes")
+    assert decided["main/y"] == ("float16", "policy")
+    with pytest.raises(ValueError, match="choose from float32, low, float16, bfloat16"):
+        Policy.for_level("O2", "float16", node_dtypes={"main/a": "int8"})
