@@ -142,5 +142,7 @@ def _entry_by_alias(name: str) -> TargetEntry:
 
 from . import cuda as _cuda  # noqa: E402,F401  (registers "cuda")
 from . import llvm as _llvm  # noqa: E402,F401  (registers "llvm")
+from . import npu as _npu  # noqa: E402,F401  (registers "npu")
+from .npu import register_npu  # noqa: E402
 
-__all__ = ["REGISTRY", "TargetEntry", "register_target", "resolve_target"]
+__all__ = ["REGISTRY", "TargetEntry", "register_npu", "register_target", "resolve_target"]

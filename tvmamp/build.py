@@ -204,7 +204,10 @@ def compile_converted(converted: Converted, tuning_log=None) -> Executable:
     pipeline = _pipeline(converted.target, converted.entry, converted.policy, database)
     with database if database is not None else contextlib.nullcontext():
         vm_exec = tvm.compile(mod, target=converted.target, relax_pipeline=pipeline)
-    return Executable(vm_exec, converted.target, converted.mod, converted.report, converted.policy)
+    exe = Executable(vm_exec, converted.target, converted.mod, converted.report, converted.policy)
+    report = getattr(converted.entry, "partition_report", None)
+    exe.partition = report(converted.target, converted.policy, converted.mod) if report else None
+    return exe
 
 
 def _pipeline(target, entry, policy, database):

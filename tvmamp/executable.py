@@ -25,6 +25,9 @@ class Executable:
         What the AMP pass did (casts, ops per dtype, forced nodes).
     target : tvm.target.Target
     policy : tvmamp.Policy
+    partition : object or None
+        For BYOC targets (the NPU), the partition report: which ops run on the accelerator and
+        which fell back to the host, and why.
     """
 
     def __init__(self, vm_exec, target, mod, stats, policy, notes=()):
@@ -34,6 +37,7 @@ class Executable:
         self.stats = stats
         self.policy = policy
         self.notes = list(notes)
+        self.partition = None
         self.device = _device_for(target)
         self._vm = None
         self._params = [(p.name, p.ty) for p in mod["main"].params] if "main" in mod else []
