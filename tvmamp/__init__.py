@@ -1,5 +1,6 @@
 """tvmamp: automatic mixed precision (fp16/bf16) compiler stack on Apache TVM Relax."""
 
+from tvmamp import debugging
 from tvmamp.build import Converted, build, convert
 from tvmamp.executable import Executable
 from tvmamp.lists import get_black_list, get_white_list
@@ -19,6 +20,7 @@ __all__ = [
     "Policy",
     "build",
     "convert",
+    "debugging",
     "get_black_list",
     "get_white_list",
 ]
