@@ -20,7 +20,7 @@ class ForcedNode:
 class NodeDecision:
     """The compute dtype the pass chose for one op call, and why."""
 
-    node: str  # "<function>/<binding name>", unique in the module
+    node: str  # "<function>/<binding name>", made unique as the TVMScript printer does (lv, lv_1)
     op: str
     dtype: str
     category: str

@@ -111,13 +111,17 @@ class _Rewriter(PyExprMutator):
         self._from_constants = set()  # vars computed from constants only (FoldConstant folds them)
         self._low_params = False
         self._func_name = "main"
-        self._node_ids = set()
+        self._seen_names = {}  # name -> count, to make node ids unique as the printer does
+        self._unique_name = ""
 
     # ---- functions, blocks and bindings -------------------------------------------------
     def rewrite(self, func: relax.Function, low_io: bool, name: str = "main") -> relax.Function:
         """Rewrite one function; restore its result dtypes unless ``low_io``."""
         self._low_params = low_io
         self._func_name = name
+        self._seen_names = {}
+        for param in func.params:  # the TVMScript printer numbers names after the parameters
+            self._make_unique(param.name)
         self._param_names.update({p: p.name for p in func.params})
         new = self.visit_expr(func)
         if low_io:
@@ -155,7 +159,13 @@ class _Rewriter(PyExprMutator):
             value = self._to_dtype(value, str(declared.dtype))
         self.builder_.emit_normalized(relax.MatchCast(binding.var, value, declared))
 
+    def _make_unique(self, name):
+        seen = self._seen_names.get(name, 0)
+        self._seen_names[name] = seen + 1
+        return name if seen == 0 else f"{name}_{seen}"
+
     def visit_var_binding_(self, binding):
+        self._unique_name = self._make_unique(binding.var.name)
         value, nominal = binding.value, None
         if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
             if value.op.name in _CAST_OPS:
@@ -199,24 +209,26 @@ class _Rewriter(PyExprMutator):
     def _rewrite_op_call(self, var, call):
         op_name = call.op.name
         args = [self.visit_expr(a) for a in call.args]
+        if self._all_constant(args):
+            # FoldConstant computes this at compile time: keep the original dtypes (exact), and
+            # let each consumer take the dtype it needs (its cast is folded too).
+            new_args = [self._match_type(a, old.ty) for a, old in zip(args, call.args)]
+            return relax.Call(call.op, new_args, call.attrs, call.ty_args, call.span), None
         inputs = self._float_inputs(args)
         dtype = self.policy.compute_dtype(op_name, self._decision_dtypes(inputs))
-        if dtype is not None:
-            node_id = self._new_node_id(var)
-            dtype, reason = self._override(var, node_id, op_name, inputs, dtype)
-            if not self._all_constant(args):
-                category = self.policy.category(op_name).value
-                self.report.nodes.append(NodeDecision(node_id, op_name, dtype, category, reason))
         if dtype is None:  # fixed dtypes: give the op what it was written for
             new_args = [self._match_type(a, old.ty) for a, old in zip(args, call.args)]
             return relax.Call(call.op, new_args, call.attrs, call.ty_args, call.span), None
+        node_id = f"{self._func_name}/{self._unique_name}"
+        dtype, reason = self._override(var, node_id, op_name, inputs, dtype)
+        category = self.policy.category(op_name).value
+        self.report.nodes.append(NodeDecision(node_id, op_name, dtype, category, reason))
+        self.report.count_op(op_name, dtype)
         new_args = [self._map_float(a, lambda e, _cur: self._to_dtype(e, dtype)) for a in args]
         attrs, nominal = call.attrs, None
         if dtype != "float32" and _has_field(attrs, "out_dtype"):
             attrs = _replace_attr(attrs, out_dtype=self.policy.accumulate_dtype)
             nominal = dtype
-        if not self._all_constant(args):  # constant-only ops are folded at compile time
-            self.report.count_op(op_name, dtype)
         return relax.Call(call.op, new_args, attrs, call.ty_args, call.span), nominal
 
     def _override(self, var, node_id, op_name, inputs, dtype):
@@ -236,15 +248,6 @@ class _Rewriter(PyExprMutator):
             self.report.forced.append(ForcedNode(var.name, op_name, "float32", why))
             dtype, reason = "float32", "overflow"
         return dtype, reason
-
-    def _new_node_id(self, var):
-        """``function/binding`` name, made unique with ``#k`` when a name repeats."""
-        base = f"{self._func_name}/{var.name}"
-        node_id, k = base, 1
-        while node_id in self._node_ids:
-            node_id, k = f"{base}#{k}", k + 1
-        self._node_ids.add(node_id)
-        return node_id
 
     def _rewrite_cast(self, call):
         src = self.visit_expr(call.args[0])

@@ -6,6 +6,7 @@ from tvmamp.executable import Executable
 from tvmamp.lists import get_black_list, get_white_list
 from tvmamp.policy import LEVELS, LOW_DTYPES, Category, Policy
 from tvmamp.relay_passes import AmpReport, AutoMixedPrecision
+from tvmamp.search import ErrorBudget, PrecisionPlan, search_precision
 
 __version__ = "0.1.0"
 
@@ -16,11 +17,14 @@ __all__ = [
     "AutoMixedPrecision",
     "Category",
     "Converted",
+    "ErrorBudget",
     "Executable",
     "Policy",
+    "PrecisionPlan",
     "build",
     "convert",
     "debugging",
     "get_black_list",
     "get_white_list",
+    "search_precision",
 ]

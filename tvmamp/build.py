@@ -133,7 +133,7 @@ def convert(
 
 def build(
     mod,
-    level: str = "O1",
+    level: str | None = None,
     target="llvm",
     dtype: str | None = None,
     params: Mapping | None = None,
@@ -146,6 +146,7 @@ def build(
     custom_low_nodes: Sequence[str] | None = None,
     accumulate_dtype: str = "float32",
     node_dtypes: Mapping[str, str] | None = None,
+    plan=None,
 ) -> Executable:
     """Compile a Relax model with automatic mixed precision.
 
@@ -154,7 +155,8 @@ def build(
     mod : tvm.IRModule or relax.Function
         The fp32 model (from TVMScript, ``relax.frontend``, ``from_torch`` or ``from_onnx``).
     level : str
-        "O0", "O1", "O2", "O3", "OD" or "auto" (see :mod:`tvmamp.policy`).
+        "O0", "O1", "O2", "O3", "OD" or "auto" (see :mod:`tvmamp.policy`); default "O1", or the
+        plan's level when ``plan`` is given.
     target : str, dict or tvm.target.Target
         "llvm", "llvm -mcpu=znver4", "cuda", "cuda -arch=sm_80", "nvidia/a100", a JSON dict...
     dtype : str, optional
@@ -173,14 +175,19 @@ def build(
         ``out_dtype`` of low matmul/conv.
     node_dtypes : dict, optional
         Exact per-node dtypes, node id (as in ``exe.stats.nodes``) -> "float32" or "low".
+    plan : tvmamp.PrecisionPlan, optional
+        A plan from :func:`tvmamp.search_precision`, applied exactly (level, dtype and every
+        node's dtype come from it). A plan made for another model is refused.
 
     Returns
     -------
     Executable
     """
+    if plan is not None:
+        level, dtype, node_dtypes = _apply_plan(plan, mod, level, dtype, node_dtypes)
     converted = convert(
         mod,
-        level,
+        level or "O1",
         target,
         dtype,
         params,
@@ -193,6 +200,24 @@ def build(
         node_dtypes,
     )
     return compile_converted(converted, tuning_log)
+
+
+def _apply_plan(plan, mod, level, dtype, node_dtypes):
+    """Level, dtype and node dtypes from a precision plan, refusing contradictions."""
+    from tvmamp.search import PrecisionPlan
+
+    if not isinstance(plan, PrecisionPlan):
+        raise TypeError(f"tvmamp.build: plan must be a tvmamp.PrecisionPlan, got {plan!r}")
+    plan.check_model(as_module(mod))
+    for name, given, planned in (("level", level, plan.base_level), ("dtype", dtype, plan.dtype)):
+        if given is not None and given != planned:
+            raise ValueError(
+                f"tvmamp.build: {name} {given!r} contradicts the plan's {name} {planned!r}; "
+                f"leave {name} unset to use the plan"
+            )
+    if node_dtypes:
+        raise ValueError("tvmamp.build: give either plan or node_dtypes, not both")
+    return plan.base_level, plan.dtype, plan.node_dtypes
 
 
 def compile_converted(converted: Converted, tuning_log=None) -> Executable:

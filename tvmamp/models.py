@@ -115,10 +115,33 @@ def transformer_layer(batch: int = 2, seq: int = 16, dim: int = 64, heads: int =
     return _function([("x", (batch, seq, dim))], body, seed)
 
 
+def overflow_net(batch: int = 8, dim: int = 64, seed: int = 0):
+    """A model plain fp16 O1/O2 breaks: an energy term h*h*s overflows fp16 (65504).
+
+    ``out = head(tanh(h) + 1e-5 * energy)`` with ``h = linear(x)`` of magnitude ~30 and
+    ``energy = h * h * 100`` up to ~1e5; every op on the path is an elementwise (follow) op that
+    O1 and O2 run in the low dtype.
+    """
+
+    def body(bb, b, x):
+        h = _linear(bb, b, x, "proj", dim, dim)
+        h = bb.emit(relax.op.multiply(h, relax.const(30.0, "float32")))
+        energy = bb.emit(relax.op.multiply(bb.emit(relax.op.multiply(h, h)), relax.const(100.0)))
+        mixed = bb.emit(
+            relax.op.add(
+                bb.emit(relax.op.tanh(h)), bb.emit(relax.op.multiply(energy, relax.const(1e-5)))
+            )
+        )
+        return _linear(bb, b, mixed, "head", dim, 10)
+
+    return _function([("x", (batch, dim))], body, seed)
+
+
 MODELS = {
     "simplenet": simple_net,
     "convnet": conv_net,
     "transformer": transformer_layer,
+    "overflow": overflow_net,
 }
 
 

@@ -1,0 +1,143 @@
+"""search_precision and PrecisionPlan: budgets, plans applied exactly, and the edge cases."""
+
+import json
+
+import numpy as np
+import pytest
+
+import tvmamp
+from tvmamp import models
+from tvmamp.benchmark import max_rel_error
+from tvmamp.search import ErrorBudget, PrecisionPlan, model_hash
+
+TARGET = "llvm -num-cores=1"
+
+
+@pytest.fixture(scope="module")
+def overflow_case():
+    """The model plain fp16 O2 breaks, calibration data, and a searched plan."""
+    mod, params = models.overflow_net(batch=4, dim=32)
+    rng = np.random.default_rng(7)
+    calib = [rng.standard_normal((4, 32)).astype("float32") for _ in range(6)]
+    plan = tvmamp.search_precision(
+        mod, calib, TARGET, "float16", ErrorBudget(5e-3), params, progress=False
+    )
+    return mod, params, calib, plan
+
+
+def test_search_fixes_the_model_o2_breaks(overflow_case):
+    mod, params, calib, plan = overflow_case
+    reference = tvmamp.build(mod, "O0", TARGET, params=params)
+    o2 = tvmamp.build(mod, "O2", TARGET, dtype="float16", params=params)
+    assert not max_rel_error(o2(calib[0]), reference(calib[0])) <= 5e-3  # O2 is broken (NaN/inf)
+    exe = tvmamp.build(mod, target=TARGET, params=params, plan=plan)
+    for x in calib:
+        assert max_rel_error(exe(x), reference(x)) <= 5e-3
+    assert plan.metrics["met_budget"] and plan.metrics["calibration_error"] <= 5e-3
+    assert "holdout_error" in plan.metrics
+    assert 0 < len(plan.fp32_nodes) < len(plan.node_dtypes)
+    assert all("relax.multiply" in plan.reasons[n] for n in plan.fp32_nodes)
+    assert {n.node: n.dtype for n in exe.stats.nodes} == {
+        k: ("float32" if v == "float32" else "float16") for k, v in plan.node_dtypes.items()
+    }
+
+
+def test_plan_round_trips_through_json(overflow_case, tmp_path):
+    mod, params, calib, plan = overflow_case
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    loaded = PrecisionPlan.load(path)
+    assert loaded == plan
+    assert "kept fp32" in loaded.summary()
+    data = json.loads(path.read_text())
+    assert data["format"] == "tvmamp.precision_plan" and data["version"] == 1
+    data["version"] = 99
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="plan version 99"):
+        PrecisionPlan.load(path)
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match="is not JSON"):
+        PrecisionPlan.load(path)
+
+
+def test_plan_for_another_model_is_refused(overflow_case):
+    _, _, _, plan = overflow_case
+    other, params = models.simple_net(batch=4, hidden=32, layers=2)
+    assert model_hash(other) != plan.model_hash
+    with pytest.raises(ValueError, match="was made for model"):
+        tvmamp.build(other, target=TARGET, params=params, plan=plan)
+
+
+def test_plan_contradictions_are_refused(overflow_case):
+    mod, params, _, plan = overflow_case
+    with pytest.raises(ValueError, match="contradicts the plan's level"):
+        tvmamp.build(mod, "O1", TARGET, params=params, plan=plan)
+    with pytest.raises(ValueError, match="contradicts the plan's dtype"):
+        tvmamp.build(mod, target=TARGET, dtype="bfloat16", params=params, plan=plan)
+
+
+def test_an_impossible_budget_returns_the_fp32_plan_and_says_so():
+    mod, params = models.overflow_net(batch=2, dim=16)
+    calib = [np.random.default_rng(1).standard_normal((2, 16)).astype("float32")]
+    with pytest.warns(UserWarning, match="returning the fp32 plan"):
+        plan = tvmamp.search_precision(
+            mod, calib, TARGET, "float16", ErrorBudget(0.0), params, holdout=0, progress=False
+        )
+    assert all(d == "float32" for d in plan.node_dtypes.values())
+    assert plan.metrics["notes"]
+
+
+def test_the_time_limit_is_respected():
+    mod, params = models.overflow_net(batch=2, dim=16)
+    calib = [np.random.default_rng(2).standard_normal((2, 16)).astype("float32")] * 2
+    with pytest.warns(UserWarning, match="before the time limit"):
+        plan = tvmamp.search_precision(
+            mod, calib, TARGET, "float16", ErrorBudget(1e-3), params, time_limit_s=0, progress=False
+        )
+    assert plan.metrics["builds"] <= 2  # the starting plan, then the fp32 plan: no search
+
+
+def test_a_model_within_budget_keeps_the_starting_plan():
+    mod, params = models.simple_net(batch=2, hidden=32, layers=2)
+    calib = [np.random.default_rng(3).standard_normal((2, 32)).astype("float32")] * 2
+    plan = tvmamp.search_precision(
+        mod, calib, TARGET, "bfloat16", ErrorBudget(5e-2), params, progress=False
+    )
+    assert plan.fp32_nodes == [] and plan.metrics["builds"] == 1
+
+
+def test_top1_and_callable_budgets():
+    ref = [np.array([[0.1, 0.9], [0.8, 0.2]])]
+    assert ErrorBudget(0.0, "top1").measure(ref, [np.array([[0.2, 0.7], [0.6, 0.5]])]) == 0.0
+    assert ErrorBudget(0.0, "top1").measure(ref, [np.array([[0.9, 0.1], [0.6, 0.5]])]) == 0.5
+
+    def worst_abs(a, b):
+        return max(float(np.abs(x - y).max()) for x, y in zip(a, b))
+
+    assert ErrorBudget(0.1, worst_abs).measure(ref, [ref[0] + 0.05]) == pytest.approx(0.05)
+    assert ErrorBudget().measure(ref, [ref[0] * np.nan]) == float("inf")
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(max_rel_err=-1), "must be a number >= 0"),
+        (dict(metric="mse"), "metric 'mse' is not one of output, top1"),
+    ],
+)
+def test_bad_budgets(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ErrorBudget(**kwargs)
+
+
+def test_bad_search_arguments():
+    mod, params = models.simple_net(batch=2, hidden=32, layers=2)
+    x = np.ones((2, 32), "float32")
+    with pytest.raises(TypeError, match="not a single array"):
+        tvmamp.search_precision(mod, x, TARGET, params=params)
+    with pytest.raises(ValueError, match="calib_inputs is empty"):
+        tvmamp.search_precision(mod, [], TARGET, params=params)
+    with pytest.raises(ValueError, match="start_level 'O0'"):
+        tvmamp.search_precision(mod, [x], TARGET, params=params, start_level="O0")
+    with pytest.raises(TypeError, match="budget must be an ErrorBudget"):
+        tvmamp.search_precision(mod, [x], TARGET, params=params, budget=0.01)
