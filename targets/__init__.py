@@ -38,6 +38,8 @@ class TargetEntry:
     partition_passes : callable
         ``(target, policy) -> list[tvm.transform.Pass]``: run after the AMP pass and before
         legalization (BYOC partitioning, layout rewrites).
+    pass_config : callable
+        ``(target) -> dict``: PassContext options the build needs (e.g. cp.async on sm_80+).
     """
 
     name: str
@@ -47,6 +49,7 @@ class TargetEntry:
     schedule_passes: Callable
     unsupported_low_ops: Callable = lambda target, dtype: ()
     partition_passes: Callable = lambda target, policy: []
+    pass_config: Callable = lambda target: {}
 
 
 REGISTRY: dict[str, TargetEntry] = {}

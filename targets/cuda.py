@@ -1,4 +1,4 @@
-"""The CUDA target: arch parsing, named GPUs, compute-capability checks and dlight schedules."""
+"""The CUDA target: arch parsing, named GPUs, compute-capability checks, tensor-core phases."""
 
 from __future__ import annotations
 
@@ -78,18 +78,36 @@ def check(target: tvm.target.Target, dtype: str) -> None:
 
 
 def schedule_passes(target: tvm.target.Target) -> list:
-    """TVM's dlight GPU rules (tensor-core rules for fp16 matmul included)."""
+    """tvmamp's tensor-core rule first, then TVM's dlight GPU rules for everything else."""
     from tvm.s_tir import dlight as dl
 
-    return [
-        dl.ApplyDefaultSchedule(
-            dl.gpu.Matmul(),
-            dl.gpu.GEMV(),
-            dl.gpu.Reduction(),
-            dl.gpu.GeneralReduction(),
-            dl.gpu.Fallback(),
-        )
-    ]
+    from tvmamp.schedules.cuda import default_cuda_rules
+
+    return [dl.ApplyDefaultSchedule(*default_cuda_rules(target))]
+
+
+def partition_passes(target: tvm.target.Target, policy) -> list:
+    """Layout and padding for tensor cores: NHWC conv2d, M/N/K and channels padded to 8 or 16.
+
+    Both passes touch only ops whose inputs are in the policy's low dtype, so O0 and fp32 ops
+    are compiled as they are.
+    """
+    from tvmamp.relay_passes.nhwc_layout import ConvertConvToNHWC
+    from tvmamp.relay_passes.tensor_core_padding import TensorCorePadding, tensor_core_multiple
+
+    low = (policy.low_dtype,)
+    multiple = tensor_core_multiple(compute_capability(target))
+    return [ConvertConvToNHWC(dtypes=low), TensorCorePadding(multiple, dtypes=low)]
+
+
+def pass_config(target: tvm.target.Target) -> dict:
+    """PassContext options for CUDA builds: cp.async global -> shared copies from sm_80.
+
+    The tensor-core rule pipelines its shared-memory copies; with ``tirx.use_async_copy`` TVM
+    turns them into ``cp.async`` (Ampere's asynchronous copy). ``tvmamp.build`` applies these
+    options through the target entry's ``pass_config``.
+    """
+    return {"tirx.use_async_copy": compute_capability(target) >= 80}
 
 
 ENTRY = register_target(
@@ -99,5 +117,7 @@ ENTRY = register_target(
         default_dtype=default_dtype,
         check=check,
         schedule_passes=schedule_passes,
+        partition_passes=partition_passes,
+        pass_config=pass_config,
     )
 )

@@ -227,12 +227,25 @@ def compile_converted(converted: Converted, tuning_log=None) -> Executable:
         mod = hook(dataclasses.replace(converted, mod=mod))
     database = _open_tuning_log(tuning_log) if tuning_log is not None else None
     pipeline = _pipeline(converted.target, converted.entry, converted.policy, database)
-    with database if database is not None else contextlib.nullcontext():
+    with database if database is not None else contextlib.nullcontext(), _pass_context(converted):
         vm_exec = tvm.compile(mod, target=converted.target, relax_pipeline=pipeline)
     exe = Executable(vm_exec, converted.target, converted.mod, converted.report, converted.policy)
     report = getattr(converted.entry, "partition_report", None)
     exe.partition = report(converted.target, converted.policy, converted.mod) if report else None
     return exe
+
+
+def _pass_context(converted: Converted) -> tvm.transform.PassContext:
+    """The caller's PassContext plus the target entry's options (cp.async on sm_80+)."""
+    current = tvm.transform.PassContext.current()
+    config = {**dict(current.config), **converted.entry.pass_config(converted.target)}
+    return tvm.transform.PassContext(
+        opt_level=current.opt_level,
+        required_pass=current.required_pass,
+        disabled_pass=current.disabled_pass,
+        instruments=current.instruments,
+        config=config,
+    )
 
 
 def _pipeline(target, entry, policy, database):

@@ -7,7 +7,7 @@ import importlib
 import sys
 
 # Each module defines ``register(subparsers)``, which adds its parser and sets ``func``.
-SUBCOMMANDS = ("demo", "compile", "run", "stats", "compare")
+SUBCOMMANDS = ("demo", "compile", "run", "stats", "compare", "inspect", "search")
 
 
 def build_parser() -> argparse.ArgumentParser:
