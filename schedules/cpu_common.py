@@ -124,6 +124,18 @@ def inline_epilogue(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> None
         When a consumer cannot be inlined (it is not injective).
     """
     auto_inline_consumers(sch, block)
+    for _ in range(4):  # inline the consumers' other producers (e.g. ReLU's backward mask)
+        consumers = sch.get_consumers(block)
+        if not consumers:
+            break
+        for consumer in consumers:
+            for producer in sch.get_producers(consumer):
+                if not sch.get(producer).same_as(sch.get(block)):
+                    try:
+                        sch.compute_inline(producer)
+                    except ScheduleError:
+                        pass
+        auto_inline_consumers(sch, block)
     if sch.get_consumers(block):
         raise NotApplicable("an epilogue block cannot be inlined")
 

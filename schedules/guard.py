@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+import tvm
 from tvm import s_tir, tirx
 from tvm.s_tir import dlight as dl
 from tvm.s_tir.schedule import ScheduleError
@@ -26,7 +27,7 @@ class Guarded(dl.ScheduleRule):
     def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
         try:
             return self.rule.apply(func, target, tunable)
-        except ScheduleError as err:
+        except (ScheduleError, tvm.error.InternalError) as err:
             name = func.attrs.get("global_symbol", "?") if func.attrs else "?"
             first_line = str(err).strip().splitlines()[-1]
             logger.info("%s did not apply to %s: %s", type(self.rule).__name__, name, first_line)

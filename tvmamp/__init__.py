@@ -1,9 +1,10 @@
 """tvmamp: automatic mixed precision (fp16/bf16) compiler stack on Apache TVM Relax."""
 
-from tvmamp import debugging
+from tvmamp import debugging, training
 from tvmamp.build import Converted, build, convert
 from tvmamp.executable import Executable
 from tvmamp.lists import get_black_list, get_white_list
+from tvmamp.loss_scale import DynamicLossScale, NoOpLossScale, StaticLossScale
 from tvmamp.policy import LEVELS, LOW_DTYPES, Category, Policy
 from tvmamp.relay_passes import AmpReport, AutoMixedPrecision
 from tvmamp.search import ErrorBudget, PrecisionPlan, search_precision
@@ -13,18 +14,22 @@ __version__ = "0.1.0"
 __all__ = [
     "LEVELS",
     "LOW_DTYPES",
+    "NoOpLossScale",
     "AmpReport",
     "AutoMixedPrecision",
     "Category",
     "Converted",
+    "DynamicLossScale",
     "ErrorBudget",
     "Executable",
     "Policy",
     "PrecisionPlan",
+    "StaticLossScale",
     "build",
     "convert",
     "debugging",
     "get_black_list",
     "get_white_list",
     "search_precision",
+    "training",
 ]

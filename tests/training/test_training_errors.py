@@ -1,0 +1,97 @@
+"""Bad input to the Trainer fails early with a message naming the value and the choices."""
+
+import numpy as np
+import pytest
+from tvm import relax
+
+from tvmamp import models
+from tvmamp.training import SGD, Adam, DynamicLossScale, Trainer
+
+
+@pytest.fixture(scope="module")
+def model():
+    return models.simple_net(batch=2, hidden=4, layers=1)
+
+
+def test_unknown_loss_lists_the_choices(model):
+    with pytest.raises(ValueError, match="loss 'hinge' is not one of mse, cross_entropy"):
+        Trainer(model[0], loss="hinge")
+
+
+def test_unknown_optimizer_lists_the_choices(model):
+    with pytest.raises(ValueError, match="optimizer 'lamb' is not one of sgd, momentum, adam"):
+        Trainer(model[0], optimizer="lamb")
+    with pytest.raises(TypeError, match="optimizer must be tvmamp.training.SGD"):
+        Trainer(model[0], optimizer=0.1)
+
+
+def test_unknown_preset_lists_the_choices():
+    with pytest.raises(ValueError, match="paddle, paddle_legacy, torch, mindspore"):
+        DynamicLossScale(preset="amp")
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({"scaler": 1024.0}, TypeError, "scaler must be NoOpLossScale"),
+        ({"accumulate_steps": 0}, ValueError, "accumulate_steps must be >= 1"),
+        ({"level": "O5"}, ValueError, "level 'O5' is not one of"),
+        ({"dtype": "float64"}, ValueError, "dtype 'float64' is not one of"),
+        ({"params": {"linear0.weight": np.zeros((4, 4))}}, ValueError, "params missing"),
+        ({"model": object()}, TypeError, "must be a tvm.IRModule, a relax.Function or"),
+    ],
+)
+def test_bad_options(model, kwargs, error, match):
+    mod = kwargs.pop("model", model[0])
+    with pytest.raises(error, match=match):
+        Trainer(mod, **kwargs)
+
+
+def test_cross_entropy_needs_2d_outputs():
+    mod, _ = models.transformer_layer(batch=1, seq=2, dim=4, heads=1)
+    with pytest.raises(ValueError, match="'cross_entropy' needs model outputs of shape"):
+        Trainer(mod, loss="cross_entropy")
+
+
+def test_param_dtype_mismatch(model):
+    mod, params = model
+    wrong = {**params, "linear0.weight": params["linear0.weight"].astype("float16")}
+    with pytest.raises(TypeError, match="param 'linear0.weight' is float16, not float32"):
+        Trainer(mod, params=wrong)
+
+
+def test_low_precision_model_is_refused():
+    x = relax.Var("x", relax.TensorType((2, 4), "float16"))
+    w = relax.Var("w", relax.TensorType((4, 4), "float16"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, w], attrs={"num_input": 1}):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.matmul(x, w))
+        bb.emit_func_output(out)
+    with pytest.raises(TypeError, match="param 'w' is .*float16.*master weights"):
+        Trainer(bb.get())
+
+
+def test_user_loss_of_the_wrong_type(model):
+    pred = relax.Var("p", relax.TensorType((3, 4), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("loss", [pred, pred]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.sum(pred))
+        bb.emit_func_output(out)
+    with pytest.raises(TypeError, match="the loss function's predictions are"):
+        Trainer(model[0], loss=bb.get()["loss"])
+
+
+def test_model_without_num_input():
+    mod, _ = models.simple_net(batch=2, hidden=4, layers=1)
+    mod["main"] = mod["main"].without_attr("num_input")
+    with pytest.raises(ValueError, match="needs the attribute num_input"):
+        Trainer(mod)
+
+
+def test_optimizer_hyper_parameters():
+    with pytest.raises(ValueError, match="SGD lr=0 is out of range"):
+        SGD(0)
+    with pytest.raises(ValueError, match=r"Adam betas\[1\]=1.0 is out of range"):
+        Adam(betas=(0.9, 1.0))

@@ -1,0 +1,115 @@
+"""The compiled train step: forced overflows, skipped updates and the loss-scale trajectory."""
+
+import numpy as np
+import pytest
+
+from tvmamp import models
+from tvmamp.loss_scale import DynamicLossScale, reference_update
+from tvmamp.training import SGD, Adam, Trainer
+
+BATCH, HIDDEN = 4, 8
+OVERFLOWS = [0, 0, 1, 0, 0, 0, 1, 1, 0, 0, 1, 1, 1, 0]
+
+
+def _data(rng, n=1):
+    x = rng.standard_normal((n, BATCH, HIDDEN)).astype("float32")
+    y = rng.standard_normal((n, BATCH, HIDDEN)).astype("float32")
+    return x, y
+
+
+@pytest.fixture(scope="module")
+def fp16_trainer():
+    mod, params = models.simple_net(batch=BATCH, hidden=HIDDEN, layers=2)
+    scaler = DynamicLossScale(preset="paddle_legacy", incr_every_n_steps=2)
+    return Trainer(
+        mod, "mse", Adam(lr=1e-2), level="O1", dtype="float16", scaler=scaler, params=params
+    )
+
+
+def test_trajectory_and_skips_follow_the_reference(fp16_trainer):
+    trainer, rng = fp16_trainer, np.random.default_rng(3)
+    xs, ys = _data(rng, len(OVERFLOWS))
+    state = trainer.scaler.state
+    for i, overflow in enumerate(OVERFLOWS):
+        x = xs[i].copy()
+        if overflow:
+            x[1, 2] = np.inf if i % 2 else np.nan  # the gradients become inf/nan
+        before, optim_before = trainer.params, [s.numpy() for s in trainer._optim]
+        scale_used = trainer.loss_scale
+        trainer.step(x, ys[i])
+        state = reference_update(trainer.scaler, state, bool(overflow))
+        assert tuple(float(v) for v in trainer.scale_state) == tuple(float(v) for v in state)
+        entry = trainer.history[-1]
+        assert entry == {
+            "step": i + 1,
+            "loss": entry["loss"],
+            "loss_scale": scale_used,
+            "found_inf": bool(overflow),
+            "skipped": bool(overflow),
+        }
+        after = trainer.params
+        for name in before:
+            changed = not np.array_equal(before[name], after[name])
+            assert changed != bool(overflow), (i, name)
+        if overflow:  # bitwise: the optimizer state (Adam m, v, step count) did not move
+            for old, new in zip(optim_before, trainer._optim):
+                assert old.tobytes() == new.numpy().tobytes()
+            for name in before:
+                assert before[name].tobytes() == after[name].tobytes()
+    assert trainer.skipped_steps == sum(OVERFLOWS)
+
+
+def test_nan_loss_never_corrupts_params(fp16_trainer):
+    trainer, rng = fp16_trainer, np.random.default_rng(4)
+    x, y = _data(rng)
+    y = y[0].copy()
+    y[0, 0] = np.nan
+    before = trainer.params
+    loss = trainer.step(x[0], y)
+    assert np.isnan(loss) and trainer.found_inf and trainer.history[-1]["skipped"]
+    for name, value in trainer.params.items():
+        assert value.tobytes() == before[name].tobytes()
+
+
+def test_data_must_match_the_model(fp16_trainer):
+    x, y = _data(np.random.default_rng(5))
+    with pytest.raises(TypeError, match="'x' has dtype float64, but the model expects float32"):
+        fp16_trainer.step(x[0].astype("float64"), y[0])
+    with pytest.raises(TypeError, match="'targets' has dtype int64, but the model expects float32"):
+        fp16_trainer.step(x[0], y[0].astype("int64"))
+    with pytest.raises(ValueError, match=r"'x' has shape \(2, 8\), but the model expects \(4, 8\)"):
+        fp16_trainer.step(x[0][:2], y[0])
+    with pytest.raises(TypeError, match=r"step takes 2 arrays \(x, targets\), got 1"):
+        fp16_trainer.step(x[0])
+
+
+def test_show_prints_the_loss_scale_ops(fp16_trainer, capsys):
+    fp16_trainer.show()
+    text = capsys.readouterr().out
+    for needle in (
+        "def train_step",
+        'amp_scaled_loss: R.Tensor((), dtype="float32") = R.multiply(',  # loss x scale
+        "amp_inv_scale",  # 1 / scale
+        "R.isfinite(",
+        "amp_all_finite",
+        "R.where(amp_all_finite",  # the guarded update
+        "amp_loss_scale_new",  # the loss-scale state update
+        'dtype="float16"',  # the AMP pass ran on the backward graph
+    ):
+        assert needle in text, needle
+
+
+def test_gradient_accumulation_sums_k_steps():
+    mod, params = models.simple_net(batch=BATCH, hidden=HIDDEN, layers=2, seed=5)
+    lr, rng = 0.1, np.random.default_rng(6)
+    xs, ys = _data(rng, 2)
+    trainer = Trainer(mod, "mse", SGD(lr), level="O0", params=params, accumulate_steps=2)
+    g1, g2 = trainer.gradients(xs[0], ys[0]), trainer.gradients(xs[1], ys[1])
+    trainer.step(xs[0], ys[0])
+    for name, value in trainer.params.items():  # no update after the first micro-step
+        assert value.tobytes() == params[name].tobytes()
+    trainer.step(xs[1], ys[1])
+    for name, value in trainer.params.items():
+        expected = params[name].astype(np.float64) - lr * (g1[name] + g2[name])
+        np.testing.assert_allclose(value, expected, rtol=1e-5, atol=1e-6)
+    assert [h["skipped"] for h in trainer.history] == [False, False]

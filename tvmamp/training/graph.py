@@ -1,0 +1,115 @@
+"""The differentiated, loss-scaled and mixed-precision part of the training graph.
+
+``main(*inputs, *params)`` -> AppendLoss -> ``scaled_loss(*inputs, *params, targets,
+amp_loss_scale) = (loss * amp_loss_scale, loss)`` -> Gradient -> AutoMixedPrecision. The AMP
+pass runs after Gradient (converting first breaks Gradient's type check, REFERENCE.md) on the
+forward and backward ops only; the optimizer update stays fp32 (master weights).
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax
+from tvm.relax import PyExprMutator
+
+from tvmamp.build import Converted, convert
+
+from .model import ForwardModel
+
+# Binding and parameter names of the loss-scale ops and of every 0-d float value of the adjoint
+# (the loss, the scaled loss, the seed of the backward pass and the mean's scalar backward): the
+# AMP policy keeps them fp32 (free for scalars), so a scale such as 65536 never meets fp16 as a
+# scalar (65536 > 65504 would be inf); it reaches the low dtype divided by the element count.
+SCALE_NODES = ("amp_*",)
+
+
+def scaled_adjoint(model: ForwardModel, loss_fn: relax.Function) -> relax.Function:
+    """``(*inputs, *params, targets, amp_loss_scale) -> (scaled_loss, loss, *grads)``.
+
+    The gradients are those of ``loss * amp_loss_scale`` with respect to the params.
+    """
+    mod = tvm.IRModule({"main": model.func.with_attr("global_symbol", "main")})
+    try:
+        mod = relax.training.AppendLoss("main", loss_fn, 1, "loss")(mod)
+    except tvm.error.TVMError as err:
+        raise ValueError(f"tvmamp.training: cannot append the loss to the model: {err}") from None
+    loss_func = mod["loss"]
+    scale = relax.Var("amp_loss_scale", relax.TensorType((), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("scaled_loss", [*loss_func.params, scale]):
+        with bb.dataflow():
+            for binding in _bindings(loss_func):
+                bb.emit_normalized(binding)
+            loss = _as_f32(bb, loss_func.body.body)
+            scaled = bb.emit_output(relax.op.multiply(loss, scale), name_hint="amp_scaled_loss")
+        bb.emit_func_output(relax.Tuple([scaled, loss]))
+    grad_vars = bb.get()["scaled_loss"].params[
+        model.num_input : model.num_input + len(model.params)
+    ]
+    mod = relax.transform.Gradient("scaled_loss", require_grads=list(grad_vars))(bb.get())
+    return _ScalarNamer().visit_expr(_flat_outputs(mod["scaled_loss_adjoint"]))
+
+
+@relax.expr_functor.mutator
+class _ScalarNamer(PyExprMutator):
+    """Prefix the names of 0-d float bindings with ``amp_`` (see ``SCALE_NODES``)."""
+
+    def visit_var_binding_(self, binding):
+        var, ty = binding.var, binding.var.ty
+        scalar = isinstance(ty, relax.TensorType) and ty.ndim == 0 and "float" in str(ty.dtype)
+        if not scalar or var.name.startswith("amp_"):
+            return super().visit_var_binding_(binding)
+        value = self.builder_.normalize(self.visit_expr(binding.value))
+        kind = relax.DataflowVar if isinstance(var, relax.DataflowVar) else relax.Var
+        new = kind("amp_" + var.name, value.ty)
+        self.builder_.emit_normalized(relax.VarBinding(new, value))
+        self.set_var_remap(var, new)
+        return None
+
+
+def _flat_outputs(func: relax.Function) -> relax.Function:
+    """((a, b), (g, ...)) -> (a, b, g, ...): FuseOps mishandles the nested TupleGetItem."""
+    seq = func.body
+    fields = [f for group in seq.body.fields for f in group.fields]
+    bb = relax.BlockBuilder()
+    flat = bb.normalize(relax.Tuple(fields))
+    body = relax.SeqExpr(seq.blocks, flat)
+    return bb.normalize(relax.Function(func.params, body, flat.ty, func.is_pure, func.attrs))
+
+
+def _bindings(func: relax.Function) -> list:
+    blocks = func.body.blocks
+    if len(blocks) != 1 or not isinstance(blocks[0], relax.DataflowBlock):
+        raise ValueError(
+            "tvmamp.training: the model and the loss must each be one dataflow block "
+            "(run relax.transform.ConvertToDataflow first)"
+        )
+    return list(blocks[0].bindings)
+
+
+def _as_f32(bb, loss):
+    if str(loss.ty.dtype) == "float32":
+        return loss
+    return bb.emit_output(relax.op.astype(loss, "float32"), name_hint="amp_loss_f32")
+
+
+def convert_adjoint(adjoint: relax.Function, level, target, dtype, amp_options) -> Converted:
+    """Run tvmamp's AMP conversion on the adjoint; it becomes the private ``loss_adjoint``.
+
+    ``keep_io_types=True``: params and grads stay fp32 at the function boundary, so at O2 the
+    fp32 params are master weights cast to the low dtype inside the forward/backward.
+    """
+    options = dict(amp_options or {})
+    fp32_nodes = list(options.pop("custom_fp32_nodes", None) or ()) + list(SCALE_NODES)
+    mod = tvm.IRModule({"main": adjoint.with_attr("global_symbol", "main")})
+    converted = convert(
+        mod, level, target, dtype, custom_fp32_nodes=fp32_nodes, keep_io_types=True, **options
+    )
+    func = converted.mod["main"].without_attr("global_symbol")
+    return Converted(
+        tvm.IRModule({"loss_adjoint": func}),
+        converted.report,
+        converted.policy,
+        converted.target,
+        converted.entry,
+    )

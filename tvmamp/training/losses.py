@@ -1,0 +1,91 @@
+"""Loss functions for tvmamp training: built-in names or a user Relax function."""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm_ffi
+from tvm import relax
+from tvm.relax.training import loss as relax_loss
+
+LOSSES = ("mse", "cross_entropy")
+
+
+def _same_type(a, b) -> bool:
+    return bool(tvm_ffi.structural_equal(a, b))
+
+
+def loss_function(loss, pred_ty: relax.TensorType) -> relax.Function:
+    """The Relax loss ``f(predictions, targets) -> scalar`` for a model output type.
+
+    Parameters
+    ----------
+    loss : str or relax.Function
+        "mse" (mean squared error, targets like the predictions), "cross_entropy" (mean over
+        the batch of log_softmax + nll_loss; predictions (batch, classes), targets int64
+        (batch,) class indices) or a Relax function of (predictions, targets) returning a
+        0-d float tensor, written with one dataflow block.
+    pred_ty : relax.TensorType
+        The type of the model's output.
+    """
+    if not isinstance(pred_ty, relax.TensorType):
+        raise TypeError(f"tvmamp.training: the model must return one tensor, it returns {pred_ty}")
+    if isinstance(loss, relax.Function):
+        return _check_user_loss(loss, pred_ty)
+    if not isinstance(loss, str):
+        raise TypeError(
+            f"tvmamp.training: loss must be one of {', '.join(LOSSES)} or a relax.Function, "
+            f"got {type(loss).__name__}"
+        )
+    if loss == "mse":
+        return relax_loss.MSELoss("mean")(pred_ty, pred_ty)
+    if loss == "cross_entropy":
+        shape = pred_ty.shape.values if isinstance(pred_ty.shape, relax.ShapeExpr) else None
+        if shape is None or len(shape) != 2:
+            raise ValueError(
+                "tvmamp.training: loss 'cross_entropy' needs model outputs of shape "
+                f"(batch, classes), got {pred_ty}"
+            )
+        return _cross_entropy(pred_ty)
+    raise ValueError(
+        f"tvmamp.training: loss {loss!r} is not one of {', '.join(LOSSES)} "
+        "(or a relax.Function(predictions, targets) -> scalar)"
+    )
+
+
+def _cross_entropy(pred_ty) -> relax.Function:
+    """``-mean(sum(log_softmax(p) * one_hot(t), axis=1))``.
+
+    Equal to relax.training's CrossEntropyLoss (log_softmax + nll_loss), whose legalized
+    nll_loss backward crashes TVM 0.27's dlight.cpu.Reduction rule (compute_at InternalError).
+    """
+    batch, classes = pred_ty.shape.values
+    bb = relax.BlockBuilder()
+    pred = relax.Var("predictions", pred_ty)
+    labels = relax.Var("targets", relax.TensorType([batch], "int64"))
+    with bb.function("cross_entropy_loss", [pred, labels]):
+        with bb.dataflow():
+            log_p = bb.emit(relax.op.nn.log_softmax(pred))
+            classes_const = relax.const(np.arange(int(classes), dtype="int64"))
+            hit = relax.op.equal(relax.op.expand_dims(labels, 1), classes_const)
+            one_hot = bb.emit(relax.op.astype(hit, "float32"))  # one_hot has no gradient
+            picked = bb.emit(relax.op.sum(relax.op.multiply(log_p, one_hot), axis=[1]))
+            loss = bb.emit_output(relax.op.negative(relax.op.mean(picked)))
+        bb.emit_func_output(loss)
+    return bb.get()["cross_entropy_loss"]
+
+
+def _check_user_loss(func: relax.Function, pred_ty) -> relax.Function:
+    if len(func.params) != 2:
+        raise ValueError(
+            "tvmamp.training: a loss function takes (predictions, targets), this one takes "
+            f"{len(func.params)} parameters"
+        )
+    if not _same_type(func.params[0].ty, pred_ty):
+        raise TypeError(
+            f"tvmamp.training: the loss function's predictions are {func.params[0].ty}, but the "
+            f"model returns {pred_ty}"
+        )
+    ret = func.ret_ty
+    if not isinstance(ret, relax.TensorType) or ret.ndim != 0 or "float" not in str(ret.dtype):
+        raise TypeError(f"tvmamp.training: the loss function must return a 0-d float, not {ret}")
+    return func

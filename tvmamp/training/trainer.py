@@ -1,0 +1,202 @@
+"""Trainer: mixed-precision training with loss scaling inside one compiled train step."""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+
+from tvmamp.build import Converted, compile_converted
+from tvmamp.loss_scale import DynamicLossScale, LossScale, NoOpLossScale
+from tvmamp.relay_passes.auto_mixed_precision import np_dtype
+
+from .graph import convert_adjoint, scaled_adjoint
+from .losses import loss_function
+from .model import initial_params, load_forward
+from .optimizers import SGD, resolve_optimizer
+from .step import StepBuilder
+
+
+def default_scaler(level: str, dtype: str) -> LossScale:
+    """Dynamic (Paddle defaults) for fp16; none for fp32 (O0) and bf16 (fp32's range)."""
+    if level != "O0" and dtype == "float16":
+        return DynamicLossScale(preset="paddle")
+    return NoOpLossScale()
+
+
+class Trainer:
+    """Train a Relax model with automatic mixed precision and loss scaling.
+
+    Parameters
+    ----------
+    mod : tvm.IRModule, relax.Function or relax.frontend.nn.Module
+        The fp32 forward model: ``main(*inputs, *params)`` with attribute ``num_input``
+        (as ``tvmamp.models.simple_net()`` builds), or an nn.Module with ``input_spec``.
+    loss : str or relax.Function
+        "mse", "cross_entropy" or a Relax function (predictions, targets) -> 0-d float.
+    optimizer : SGD, Adam or str
+        ``tvmamp.training.SGD(lr, momentum=...)``, ``Adam(...)`` or "sgd"/"momentum"/"adam".
+    level : str
+        AMP level of the forward and backward graph ("O0" trains in fp32).
+    dtype, target :
+        As in :func:`tvmamp.build`.
+    scaler : tvmamp.loss_scale.LossScale, optional
+        By default dynamic scaling (Paddle defaults) for fp16 and none otherwise.
+    seed : int
+        Seed of the initial params when ``params`` is not given.
+    params : dict, optional
+        Initial fp32 values by param name.
+    accumulate_steps : int
+        Update every k-th step with the sum of k steps' unscaled gradients.
+    input_spec : dict, optional
+        For an nn.Module: ``{"x": nn.spec.Tensor(shape, dtype)}``.
+    **amp_options
+        ``custom_white_list``, ``custom_black_list``, ``custom_fp32_nodes``, ... of
+        :func:`tvmamp.convert`.
+    """
+
+    def __init__(
+        self,
+        mod,
+        loss="mse",
+        optimizer=None,
+        level: str = "O1",
+        dtype: str | None = None,
+        target="llvm",
+        scaler: LossScale | None = None,
+        seed: int = 0,
+        params: dict | None = None,
+        accumulate_steps: int = 1,
+        *,
+        input_spec: dict | None = None,
+        **amp_options,
+    ):
+        self.model = load_forward(mod, input_spec)
+        self.accumulate_steps = _check_accumulate(accumulate_steps)
+        optimizer = resolve_optimizer(SGD() if optimizer is None else optimizer)
+        loss_fn = loss_function(loss, self.model.func.ret_ty)
+        _check_scaler_type(scaler)
+        values = initial_params(self.model, params, seed)
+        converted = convert_adjoint(
+            scaled_adjoint(self.model, loss_fn), level, target, dtype, amp_options
+        )
+        self.level, self.dtype, self.report = level, converted.policy.low_dtype, converted.report
+        self.scaler = scaler if scaler is not None else default_scaler(level, self.dtype)
+        steps = StepBuilder(converted.mod, self.model, loss_fn.params[1].ty, self.scaler, optimizer)
+        steps.add_grads()
+        self.mod = steps.add_train_step(self.accumulate_steps)
+        self.executable = compile_converted(Converted(self.mod, *_rest(converted)))
+        self._init_state(values, steps.opt.state)
+
+    def _init_state(self, values, optim_state):
+        device = self.executable.device
+        tensor = lambda a: tvm.runtime.tensor(np.asarray(a), device)  # noqa: E731
+        self._params = tuple(tensor(values[n]) for n in self.model.param_names)
+        self._optim = tuple(tensor(s.numpy()) for s in optim_state)
+        self._scale = tuple(tensor(s) for s in self.scaler.state)
+        self._accum = None
+        if self.accumulate_steps > 1:
+            zeros = [np.zeros_like(values[n]) for n in self.model.param_names]
+            self._accum = (tensor(np.int64(0)), *(tensor(z) for z in zeros))
+        self.history: list[dict] = []
+        self.skipped_steps = 0
+        self.found_inf = False
+        self._data_types = [(v.name, v.ty) for v in self.model.inputs]
+
+    def step(self, *data) -> float:
+        """One compiled train step on inputs then targets: ``step(x, y)``; returns the loss."""
+        args = self._data(data)
+        scale_used = self.loss_scale
+        state = [self._params, self._optim, self._scale]
+        if self._accum is not None:
+            state.append(self._accum)
+        out = self.executable.vm["train_step"](*args, *state)
+        self._params, self._optim, self._scale = tuple(out[1]), tuple(out[2]), tuple(out[3])
+        self.found_inf = bool(out[4].numpy())
+        updated = True
+        if self._accum is not None:
+            self._accum, updated = tuple(out[5]), bool(out[6].numpy())
+        return self._record(float(out[0].numpy()), scale_used, self.found_inf and updated)
+
+    def _record(self, loss, scale_used, skipped) -> float:
+        """Append this step to ``history`` (the format tvmamp.debugging plots)."""
+        self.skipped_steps += int(skipped)
+        entry = {"step": len(self.history) + 1, "loss": loss, "loss_scale": scale_used}
+        self.history.append({**entry, "found_inf": self.found_inf, "skipped": skipped})
+        return loss
+
+    def gradients(self, *data) -> dict[str, np.ndarray]:
+        """The unscaled fp32 gradients for one batch under the current scale (no update)."""
+        out = self.executable.vm["grads"](*self._data(data), self._params, self._scale)
+        return {n: g.numpy() for n, g in zip(self.model.param_names, out[1])}
+
+    def _data(self, data):
+        want = [
+            *self._data_types,
+            ("targets", self.mod["train_step"].params[len(self._data_types)].ty),
+        ]
+        if len(data) != len(want):
+            names = ", ".join(n for n, _ in want)
+            raise TypeError(
+                f"tvmamp.training: step takes {len(want)} arrays ({names}), got {len(data)}"
+            )
+        return [_to_device(a, n, t, self.executable.device) for a, (n, t) in zip(data, want)]
+
+    @property
+    def loss_scale(self) -> float:
+        """The loss scale the next step will use."""
+        return float(self._scale[0].numpy())
+
+    @property
+    def scale_state(self) -> tuple:
+        """The whole loss-scale state (scale, counters) as numpy values."""
+        return tuple(s.numpy() for s in self._scale)
+
+    @property
+    def params(self) -> dict[str, np.ndarray]:
+        """The fp32 (master) params by name."""
+        return {n: p.numpy() for n, p in zip(self.model.param_names, self._params)}
+
+    def script(self) -> str:
+        """TVMScript of the training module before lowering (train_step, loss_adjoint, ...)."""
+        return self.mod.script()
+
+    def show(self) -> None:
+        """Print the training module, where the loss-scale ops are named ``amp_*``."""
+        print(self.script())
+
+
+def _rest(converted: Converted):
+    return converted.report, converted.policy, converted.target, converted.entry
+
+
+def _check_scaler_type(scaler) -> None:
+    if scaler is not None and not isinstance(scaler, LossScale):
+        raise TypeError(
+            "tvmamp.training: scaler must be NoOpLossScale(), StaticLossScale(s) or "
+            f"DynamicLossScale(...), got {type(scaler).__name__}"
+        )
+
+
+def _check_accumulate(steps) -> int:
+    if isinstance(steps, bool) or not isinstance(steps, int):
+        raise TypeError(f"tvmamp.training: accumulate_steps must be an int, not {steps!r}")
+    if steps < 1:
+        raise ValueError(f"tvmamp.training: accumulate_steps must be >= 1, got {steps}")
+    return steps
+
+
+def _to_device(value, name, ty, device):
+    from tvmamp.executable import static_shape
+
+    array = value.numpy() if isinstance(value, tvm.runtime.Tensor) else np.asarray(value)
+    want = str(ty.dtype)
+    if array.dtype != np_dtype(want):
+        raise TypeError(
+            f"tvmamp.training: {name!r} has dtype {array.dtype}, but the model expects {want}"
+        )
+    shape = static_shape(ty)
+    if shape is not None and tuple(array.shape) != shape:
+        raise ValueError(
+            f"tvmamp.training: {name!r} has shape {array.shape}, but the model expects {shape}"
+        )
+    return tvm.runtime.tensor(array, device)
