@@ -3,6 +3,7 @@
 from tvmamp import debugging, training
 from tvmamp.build import Converted, build, convert
 from tvmamp.executable import Executable
+from tvmamp.frontends import from_onnx, from_torch
 from tvmamp.lists import get_black_list, get_white_list
 from tvmamp.loss_scale import DynamicLossScale, NoOpLossScale, StaticLossScale
 from tvmamp.policy import LEVELS, LOW_DTYPES, Category, Policy
@@ -28,6 +29,8 @@ __all__ = [
     "build",
     "convert",
     "debugging",
+    "from_onnx",
+    "from_torch",
     "get_black_list",
     "get_white_list",
     "search_precision",

@@ -141,3 +141,44 @@ def test_bad_search_arguments():
         tvmamp.search_precision(mod, [x], TARGET, params=params, start_level="O0")
     with pytest.raises(TypeError, match="budget must be an ErrorBudget"):
         tvmamp.search_precision(mod, [x], TARGET, params=params, budget=0.01)
+
+
+def test_cli_search_then_compile_with_the_plan(tmp_path, capsys):
+    from tvmamp.cli import main
+
+    rng = np.random.default_rng(5)
+    calib, plan_path = tmp_path / "calib.npz", tmp_path / "plan.json"
+    np.savez(calib, x=rng.standard_normal((4, 8, 64)).astype("float32"))
+    assert (
+        main(
+            [
+                "search",
+                "overflow",
+                "--inputs",
+                str(calib),
+                "--dtype",
+                "float16",
+                "--target",
+                TARGET,
+                "--budget",
+                "5e-3",
+                "-o",
+                str(plan_path),
+            ]
+        )
+        == 0
+    )
+    assert "kept fp32" in capsys.readouterr().out
+    plan = PrecisionPlan.load(plan_path)
+    assert plan.fp32_nodes and plan.metrics["met_budget"]
+    lib = tmp_path / "m.so"
+    assert (
+        main(["compile", "overflow", "--plan", str(plan_path), "--target", TARGET, "-o", str(lib)])
+        == 0
+    )
+    assert lib.exists()
+    assert (
+        main(["compile", "overflow", "--plan", str(plan_path), "--level", "O1", "-o", str(lib)])
+        == 2
+    )
+    assert "contradicts the plan's level" in capsys.readouterr().err

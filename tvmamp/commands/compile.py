@@ -2,39 +2,113 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 
 from .common import add_build_options, build_kwargs
+
+_EPILOG = """\
+MODEL is one of:
+  a built-in model       simplenet, convnet, transformer
+  a suite model          resnet18, mobilenet_v2, transformer_encoder, onnx_cnn (random weights)
+  an ONNX file           model.onnx        (--input-shape for symbolic dimensions)
+  an exported program    model.pt2         (torch.export.save)
+  a TorchScript file     model.pt          (needs --input-shape; weights become constants)
+  a Relax module         model.json        (tvm.ir.save_json)
+  a Python factory       pkg.mod:function or file.py:function, returning a Relax module,
+                         (module, params), a torch.nn.Module (with --input-shape),
+                         (nn.Module, example_inputs) or an onnx.ModelProto
+
+examples:
+  tvmamp compile model.onnx --level O2 --dtype bfloat16 -o model.so
+  tvmamp compile resnet18 --input-shape 1,3,224,224 --level O1 -o resnet18.so
+  tvmamp compile model.onnx --input-shape image=4,3,224,224 --tuning-log logs/ -o model.so
+"""
 
 
 def register(subparsers) -> None:
     """Add the ``compile`` parser."""
     p = subparsers.add_parser(
         "compile",
-        help="compile a model with AMP to a .so",
-        description="Convert MODEL to mixed precision, compile it and "
-        "export a shared library for tvm.runtime.load_module.",
+        help="compile a model (ONNX, PyTorch, Relax) with AMP to a .so",
+        description="Import MODEL, convert it to mixed precision, compile it and export a shared "
+        "library that tvm.runtime.load_module loads (run it with 'tvmamp run').",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_build_options(p)
+    p.add_argument(
+        "--input-shape",
+        action="append",
+        default=[],
+        metavar="[NAME=]D0,D1,...",
+        help="input shape, once per input in order (NAME= for ONNX input names)",
+    )
     p.add_argument("--tuning-log", default=None, help="tuning log directory from tvmamp tune")
+    p.add_argument(
+        "--plan",
+        default=None,
+        help="precision plan (.json) from 'tvmamp search'; sets the level, dtype and "
+        "every node's dtype",
+    )
+    p.set_defaults(level=None)
     p.add_argument("-o", "--output", required=True, help="output .so path")
     p.set_defaults(func=run)
 
 
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
 def run(args) -> int:
-    """Compile and export."""
-    from tvmamp.build import build
+    """Load, convert, compile and export, reporting each step and its time."""
+    from tvmamp.build import compile_converted, convert
+    from tvmamp.frontends.files import parse_input_shapes
     from tvmamp.loading import load_model
 
-    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
-    log(f"[compile] loading {args.model} ...")
-    mod, params = load_model(args.model)
-    log(f"[compile] converting at {args.level} and compiling for {args.target} ...")
+    shapes = parse_input_shapes(args.input_shape)
     start = time.perf_counter()
-    exe = build(mod, params=params, tuning_log=args.tuning_log, **build_kwargs(args))
-    log(f"[compile] built in {time.perf_counter() - start:.1f} s")
+    _log(f"[compile 1/4] loading and importing {args.model} ...")
+    mod, params = load_model(args.model, input_shapes=shapes)
+    _log(
+        f"[compile 1/4] imported in {time.perf_counter() - start:.1f} s ({_describe(mod, params)})"
+    )
+    kwargs = build_kwargs(args)
+    if args.plan is not None:
+        from tvmamp.build import _apply_plan
+        from tvmamp.search import PrecisionPlan
+
+        plan = PrecisionPlan.load(args.plan)
+        kwargs["level"], kwargs["dtype"], kwargs["node_dtypes"] = _apply_plan(
+            plan, mod, args.level, args.dtype, None
+        )
+    kwargs["level"] = kwargs["level"] or "O1"
+    _log(f"[compile 2/4] converting to mixed precision at {kwargs['level']} ...")
+    converted = convert(mod, params=params, **kwargs)
+    _log(f"[compile 3/4] compiling for {converted.target.kind.name} (the longest step) ...")
+    step = time.perf_counter()
+    exe = compile_converted(converted, tuning_log=args.tuning_log)
+    _log(f"[compile 3/4] compiled in {time.perf_counter() - step:.1f} s")
+    _log(f"[compile 4/4] exporting {args.output} ...")
     exe.export_library(args.output)
     print(exe.stats.summary())
-    print(f"wrote {args.output}")
+    print(f"wrote {args.output} ({_signature(exe)}) in {time.perf_counter() - start:.1f} s")
     return 0
+
+
+def _describe(mod, params) -> str:
+    main = mod["main"] if "main" in mod else None
+    n_inputs = len(main.params) - len(params or {}) if main is not None else 0
+    return f"{n_inputs} input(s), {len(params or {})} params"
+
+
+def _signature(exe) -> str:
+    from tvmamp.executable import static_shape, tensor_dtype_of
+
+    shown = []
+    for p in exe.mod["main"].params:
+        shape = static_shape(p.ty)
+        dims = "x".join(str(d) for d in shape) if shape is not None else "dynamic"
+        shown.append(f"{p.name}: {tensor_dtype_of(p.ty)}[{dims}]")
+    return "main(" + ", ".join(shown) + ")"

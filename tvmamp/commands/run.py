@@ -1,8 +1,11 @@
-"""``tvmamp run``: load an exported .so and run it on .npy inputs."""
+"""``tvmamp run``: load an exported .so and run it on .npy / .npz inputs."""
 
 from __future__ import annotations
 
+import argparse
 import os
+import sys
+import time
 
 import numpy as np
 
@@ -11,14 +14,41 @@ def register(subparsers) -> None:
     """Add the ``run`` parser."""
     p = subparsers.add_parser(
         "run",
-        help="run an exported model on .npy inputs",
-        description="Load a .so written by 'tvmamp compile' with "
-        "tvm.runtime.load_module and run main on the given inputs.",
+        help="run an exported model on .npy/.npz inputs",
+        description="Load a .so written by 'tvmamp compile' with tvm.runtime.load_module and run "
+        "main on the given inputs (only the TVM runtime is needed).",
+        epilog="examples:\n  tvmamp run model.so --inputs x.npy\n"
+        "  tvmamp run model.so --inputs a.npy b.npy -o out.npz\n"
+        "  tvmamp run model.so --inputs batch.npz --repeat 20",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("library", help="the .so from tvmamp compile")
-    p.add_argument("--inputs", nargs="+", required=True, help=".npy files, one per input")
+    p.add_argument(
+        "--inputs",
+        nargs="+",
+        required=True,
+        help=".npy files (one per input) or .npz files (their arrays in stored order), in the "
+        "order of main's inputs",
+    )
     p.add_argument("-o", "--output", default=None, help="save the output(s) to this .npy/.npz")
+    p.add_argument("--repeat", type=int, default=0, help="also time N runs and print the median")
     p.set_defaults(func=run)
+
+
+def load_inputs(paths) -> list[np.ndarray]:
+    """Arrays from .npy files and .npz archives (each archive's arrays in stored order)."""
+    arrays = []
+    for path in paths:
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"tvmamp run: no such file {path!r}")
+        if path.endswith(".npz"):
+            with np.load(path) as archive:
+                arrays += [archive[k] for k in archive.files]
+        elif path.endswith(".npy"):
+            arrays.append(np.load(path))
+        else:
+            raise ValueError(f"tvmamp run: input {path!r} is not a .npy or .npz file")
+    return arrays
 
 
 def run(args) -> int:
@@ -28,22 +58,33 @@ def run(args) -> int:
 
     from tvmamp.executable import to_numpy
 
-    for path in [args.library, *args.inputs]:
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"no such file {path!r}")
+    if not os.path.isfile(args.library):
+        raise FileNotFoundError(f"tvmamp run: no such file {args.library!r}")
+    arrays = load_inputs(args.inputs)
+    print(f"[run] loading {args.library} ...", file=sys.stderr, flush=True)
     vm = relax.VirtualMachine(tvm.runtime.load_module(args.library), tvm.cpu())
-    inputs = [tvm.runtime.tensor(np.load(p)) for p in args.inputs]
+    inputs = [tvm.runtime.tensor(a) for a in arrays]
+    start = time.perf_counter()
     outputs = to_numpy(vm["main"](*inputs))
+    print(f"[run] ran in {time.perf_counter() - start:.3f} s", file=sys.stderr, flush=True)
     outputs = outputs if isinstance(outputs, tuple) else (outputs,)
     for i, out in enumerate(outputs):
         print(
             f"output {i}: shape {out.shape} dtype {out.dtype} "
             f"min {out.min():.6g} max {out.max():.6g} mean {out.mean():.6g}"
         )
+    if args.repeat > 0:
+        timer = vm.time_evaluator("main", tvm.cpu(), number=1, repeat=args.repeat)
+        median_ms = np.median(timer(*inputs).results) * 1e3
+        print(f"median latency over {args.repeat} runs: {median_ms:.3f} ms")
     if args.output:
-        if args.output.endswith(".npz"):
-            np.savez(args.output, *outputs)
-        else:
-            np.save(args.output, outputs[0])
-        print(f"wrote {args.output}")
+        _save(args.output, outputs)
     return 0
+
+
+def _save(path, outputs) -> None:
+    if path.endswith(".npz"):
+        np.savez(path, *outputs)
+    else:
+        np.save(path, outputs[0])
+    print(f"wrote {path}")

@@ -1,0 +1,125 @@
+"""``tvmamp compile`` on ONNX, .pt2, TorchScript and factories, then ``tvmamp run``; CLI errors."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import tvmamp
+from tvmamp import suite
+from tvmamp.cli import main
+from tvmamp.frontends import from_onnx
+
+torch = pytest.importorskip("torch")
+onnx = pytest.importorskip("onnx")
+
+TARGET = "llvm -num-cores=1"
+FLAGS = ["--level", "O2", "--dtype", "bfloat16", "--target", TARGET]
+
+
+def _run_cli(*args):
+    """``python -m tvmamp`` in a fresh process: the deployed path, without the test's imports."""
+    return subprocess.run(
+        [sys.executable, "-m", "tvmamp", *map(str, args)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    )
+
+
+def test_onnx_compile_then_run_matches_the_python_api(tmp_path, capsys):
+    model_path, lib = tmp_path / "cnn.onnx", tmp_path / "cnn.so"
+    model = suite.create("onnx_cnn", image_size=16)
+    onnx.save(model, model_path)
+    argv = ["compile", model_path, "--input-shape", "image=2,3,16,16", *FLAGS, "-o", lib]
+    assert main(list(map(str, argv))) == 0
+    captured = capsys.readouterr()
+    assert "casts inserted" in captured.out and "main(image: float32[2x3x16x16])" in captured.out
+    assert "[compile 3/4] compiling" in captured.err
+    x = suite.example_inputs("onnx_cnn", batch=2, image_size=16)[0]
+    np.savez(tmp_path / "inputs.npz", image=x)
+    result = _run_cli("run", lib, "--inputs", tmp_path / "inputs.npz", "-o", tmp_path / "y.npy")
+    assert "output 0: shape (2, 10) dtype float32" in result.stdout
+    mod, params = from_onnx(model, shape_dict={"image": (2, 3, 16, 16)})
+    exe = tvmamp.build(mod, "O2", TARGET, dtype="bfloat16", params=params)
+    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), exe(x), rtol=1e-6, atol=1e-6)
+
+
+class TwoInputs(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 4)
+
+    def forward(self, a, b):
+        return self.fc(torch.tanh(a) * b)
+
+
+def two_inputs():
+    """A factory for ``module:function``: a module and its example inputs."""
+    torch.manual_seed(0)
+    return TwoInputs().eval(), (torch.randn(3, 16), torch.randn(3, 16))
+
+
+def test_pt2_torchscript_and_factory_with_several_inputs(tmp_path, rng):
+    module, example = two_inputs()
+    a, b = (rng.standard_normal((3, 16)).astype("float32") for _ in range(2))
+    np.save(tmp_path / "a.npy", a), np.save(tmp_path / "b.npy", b)
+    with torch.no_grad():
+        want = module(torch.from_numpy(a), torch.from_numpy(b)).numpy()
+    torch.export.save(torch.export.export(module, example), tmp_path / "m.pt2")
+    torch.jit.trace(module, example).save(tmp_path / "m.pt")
+    shapes = ["--input-shape", "3,16", "--input-shape", "3,16"]
+    for model, extra in [("m.pt2", []), ("m.pt", shapes), (f"{__file__}:two_inputs", [])]:
+        lib, out = tmp_path / "m.so", tmp_path / "out.npy"
+        assert (
+            main(
+                [
+                    "compile",
+                    str(tmp_path / model) if ".py:" not in model else model,
+                    *extra,
+                    *FLAGS,
+                    "-o",
+                    str(lib),
+                ]
+            )
+            == 0
+        )
+        inputs = [str(tmp_path / "a.npy"), str(tmp_path / "b.npy")]
+        assert main(["run", str(lib), "--inputs", *inputs, "-o", str(out)]) == 0
+        np.testing.assert_allclose(np.load(out), want, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["compile", "missing.onnx", "-o", "x.so"], "no such model file 'missing.onnx'"),
+        (["compile", "resnet18", "--input-shape", "1,3,x", "-o", "x.so"], "is not NAME=D0,D1"),
+        (["compile", "resnet18", "--input-shape", "1,4,32,32", "-o", "x.so"], "does not fit"),
+        (["run", "missing.so", "--inputs", "x.npy"], "no such file 'missing.so'"),
+    ],
+)
+def test_errors_are_reported_without_a_traceback(argv, message, capsys):
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_bad_model_and_unsupported_op_errors(tmp_path, capsys):
+    (tmp_path / "bad.onnx").write_bytes(b"not an onnx model")
+    (tmp_path / "bad.pt").write_bytes(b"not torchscript")
+    det = onnx.helper.make_graph(
+        [onnx.helper.make_node("Det", ["x"], ["y"])],
+        "g",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [3, 3])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [])],
+    )
+    onnx.save(onnx.helper.make_model(det), tmp_path / "det.onnx")
+    cases = [
+        ("bad.onnx", "is not a valid ONNX model"),
+        ("bad.pt", "is not a TorchScript archive"),
+        ("det.onnx", "does not support the operators Det"),
+    ]
+    for name, message in cases:
+        assert main(["compile", str(tmp_path / name), "-o", str(tmp_path / "x.so")]) == 2
+        assert message in capsys.readouterr().err

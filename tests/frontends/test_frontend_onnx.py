@@ -1,0 +1,74 @@
+"""tvmamp.from_onnx: the ONNX suite CNN, shape_dict validation, bad files and unsupported ops."""
+
+import numpy as np
+import pytest
+
+import tvmamp
+from tvmamp.frontends import UnsupportedOperatorError, from_onnx
+
+onnx = pytest.importorskip("onnx")
+from onnx import TensorProto, helper  # noqa: E402
+
+from tvmamp.suite.onnx_models import run_reference, small_cnn  # noqa: E402
+
+TARGET = "llvm -num-cores=1"
+
+
+@pytest.fixture(scope="module")
+def cnn():
+    return small_cnn(channels=8, image_size=16)
+
+
+def _image(rng, batch=2):
+    return rng.standard_normal((batch, 3, 16, 16)).astype("float32")
+
+
+def test_import_names_params_and_matches_the_reference(cnn, rng, tmp_path):
+    path = tmp_path / "cnn.onnx"
+    onnx.save(cnn, path)
+    mod, params = from_onnx(str(path), shape_dict={"image": (2, 3, 16, 16)})
+    assert [p.name for p in mod["main"].params][:2] == ["image", "conv1.weight"]
+    assert set(params) == {t.name for t in cnn.graph.initializer}
+    assert mod["main"].attrs["num_input"] == 1
+    x = _image(rng)
+    ref = run_reference(cnn, [x])
+    np.testing.assert_allclose(
+        tvmamp.build(mod, "O0", TARGET, params=params)(x), ref, rtol=1e-5, atol=1e-5
+    )
+    low = tvmamp.build(mod, "O1", TARGET, dtype="bfloat16", params=params)(x)
+    np.testing.assert_allclose(low, ref, rtol=2e-2, atol=2e-2)
+
+
+def test_shape_dict_keys_must_name_inputs(cnn):
+    with pytest.raises(ValueError, match=r"shape_dict keys \['img'\] name no input.*\['image'\]"):
+        from_onnx(cnn, shape_dict={"img": (1, 3, 16, 16)})
+    with pytest.raises(ValueError, match=r"dtype_dict keys \['x'\]"):
+        from_onnx(cnn, dtype_dict={"x": "float32"})
+
+
+def _single_node_model(op_type, shape=(3, 3)):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [])
+    graph = helper.make_graph([helper.make_node(op_type, ["x"], ["y"])], "g", [x], [y])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_unsupported_op_is_named():
+    with pytest.raises(UnsupportedOperatorError, match="does not support the operators Det"):
+        from_onnx(_single_node_model("Det"))
+
+
+def test_invalid_model_is_a_value_error():
+    with pytest.raises(ValueError, match="the ONNX model is invalid.*NoSuchOp"):
+        from_onnx(_single_node_model("NoSuchOp"))
+
+
+def test_bad_and_missing_files(tmp_path):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"\x00 this is not a protobuf \xff" * 8)
+    with pytest.raises(ValueError, match="bad.onnx"):
+        from_onnx(str(bad))
+    with pytest.raises(FileNotFoundError, match="no such model file"):
+        from_onnx(str(tmp_path / "missing.onnx"))
+    with pytest.raises(TypeError, match="expected a path or an onnx.ModelProto"):
+        from_onnx(42)

@@ -1,0 +1,127 @@
+"""tvmamp.from_torch: PyTorch param names, train mode, unsupported ops, dynamic batch."""
+
+import numpy as np
+import pytest
+
+import tvmamp
+from tvmamp.frontends import UnsupportedOperatorError, from_torch
+
+torch = pytest.importorskip("torch")
+
+TARGET = "llvm -num-cores=1"
+
+
+class SmallNet(torch.nn.Module):
+    """Conv, BatchNorm, dropout and a linear head: every layer the importer must get right."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.drop = torch.nn.Dropout(0.5)
+        self.fc = torch.nn.Linear(8, 5)
+
+    def forward(self, x):
+        y = torch.relu(self.bn(self.conv(x))).mean(dim=(2, 3))
+        return self.fc(self.drop(y))
+
+
+@pytest.fixture
+def net():
+    torch.manual_seed(0)
+    model = SmallNet()
+    with torch.no_grad():
+        model.bn.running_mean.uniform_(-0.5, 0.5)
+        model.bn.running_var.uniform_(0.5, 1.5)
+    return model.eval()
+
+
+def _x(rng, batch=2):
+    return rng.standard_normal((batch, 3, 8, 8)).astype("float32")
+
+
+def _eager(model, x):
+    with torch.no_grad():
+        return model(torch.from_numpy(x)).numpy()
+
+
+def test_params_carry_pytorch_names_and_build_matches_eager(net, rng):
+    mod, params = from_torch(net, (_x(rng),))
+    names = [p.name for p in mod["main"].params]
+    assert names == [
+        "x",
+        "conv.weight",
+        "conv.bias",
+        "bn.weight",
+        "bn.bias",
+        "fc.weight",
+        "fc.bias",
+    ]
+    assert sorted(params) == sorted(names[1:])
+    np.testing.assert_array_equal(params["fc.weight"], net.fc.weight.detach().numpy())
+    x = _x(rng)
+    np.testing.assert_allclose(
+        tvmamp.build(mod, "O0", TARGET, params=params)(x), _eager(net, x), rtol=1e-5, atol=1e-5
+    )
+    low = tvmamp.build(mod, "O2", TARGET, dtype="bfloat16", params=params)(x)
+    np.testing.assert_allclose(low, _eager(net, x), rtol=2e-2, atol=2e-2)
+
+
+def test_per_node_patterns_match_pytorch_parameter_names(net, rng):
+    mod, params = from_torch(net, (_x(rng),))
+    converted = tvmamp.convert(
+        mod, "O2", TARGET, dtype="bfloat16", params=params, custom_fp32_nodes=["conv.*"]
+    )
+    forced = [(f.op, f.dtype) for f in converted.report.forced]
+    assert ("relax.nn.conv2d", "float32") in forced
+
+
+def test_train_mode_module_is_imported_in_eval_mode_with_a_warning(net, rng):
+    net.train()
+    x = _x(rng)
+    with pytest.warns(UserWarning, match=r"importing it in eval mode .* 2 layers \(bn, drop\)"):
+        mod, params = from_torch(net, (x,))
+    assert net.training and net.drop.training, "the module's train mode must be restored"
+    out = tvmamp.build(mod, "O0", TARGET, params=params)(x)
+    np.testing.assert_allclose(out, _eager(net.eval(), x), rtol=1e-5, atol=1e-5)
+
+
+def test_train_mode_can_be_refused(net, rng):
+    net.train()
+    with pytest.raises(ValueError, match="module is in train mode"):
+        from_torch(net, (_x(rng),), train_mode="error")
+    with pytest.raises(ValueError, match="train_mode 'maybe' is not one of eval, error"):
+        from_torch(net, (_x(rng),), train_mode="maybe")
+
+
+def test_exported_program_traced_in_train_mode_is_refused(net, rng):
+    program = torch.export.export(net.train(), (torch.from_numpy(_x(rng)),))
+    with pytest.raises(ValueError, match="traced in train mode.*BatchNorm"):
+        from_torch(program, None)
+
+
+class Digamma(torch.nn.Module):
+    def forward(self, x):
+        return torch.digamma(x) + 1.0
+
+
+def test_unsupported_op_is_named(rng, recwarn):
+    with pytest.raises(UnsupportedOperatorError, match=r"does not support aten\.digamma\.default"):
+        from_torch(Digamma(), (np.abs(_x(rng)) + 1,))
+    # A fresh module is in train mode, but without dropout or norms eval mode changes nothing.
+    assert not [w for w in recwarn if "train mode" in str(w.message)]
+
+
+def test_bad_arguments_are_type_errors():
+    with pytest.raises(TypeError, match="expected a torch.nn.Module"):
+        from_torch(lambda x: x, (np.ones(2, "float32"),))
+    with pytest.raises(TypeError, match="example_inputs are required"):
+        from_torch(SmallNet(), None)
+
+
+def test_dynamic_batch_runs_any_batch_size(net, rng):
+    mod, params = from_torch(net, (_x(rng, batch=2),), dynamic_batch=True)
+    exe = tvmamp.build(mod, "O1", TARGET, dtype="bfloat16", params=params)
+    for batch in (1, 3):
+        x = _x(rng, batch)
+        np.testing.assert_allclose(exe(x), _eager(net, x), rtol=2e-2, atol=2e-2)

@@ -1,0 +1,134 @@
+"""Model files and Python objects to ``(mod, params)``: .onnx, .pt2, TorchScript, modules.
+
+Input shapes come as a list of ``(name or None, shape)`` (``tvmamp compile --input-shape``).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+from .common import require
+
+TORCHSCRIPT_HINT = (
+    "save the model with torch.export.save(torch.export.export(model.eval(), args), 'model.pt2') "
+    "and compile the .pt2 instead"
+)
+
+
+def parse_input_shapes(texts) -> list:
+    """``["image=1,3,32,32", "2,16"]`` -> ``[("image", (1, 3, 32, 32)), (None, (2, 16))]``."""
+    shapes = []
+    for text in texts or ():
+        name, _, dims = text.rpartition("=")
+        parts = dims.replace("x", ",").split(",")
+        shape = tuple(int(d) for d in parts if d.strip().isdigit())
+        if len(shape) != len(parts) or any(d <= 0 for d in shape):
+            raise ValueError(
+                f"tvmamp: input shape {text!r} is not NAME=D0,D1,... or D0,D1,... "
+                "with positive integer dimensions"
+            )
+        shapes.append((name.strip() or None, shape))
+    return shapes
+
+
+def random_inputs(input_shapes, component: str) -> list[np.ndarray]:
+    """Seeded random float32 example inputs of the given shapes (for torch.export)."""
+    if not input_shapes:
+        raise ValueError(
+            f"{component}: the model's input shapes are unknown; give them with "
+            "--input-shape 1,3,224,224 (one per input, in order)"
+        )
+    rng = np.random.default_rng(0)
+    return [rng.standard_normal(shape).astype("float32") for _, shape in input_shapes]
+
+
+def load_onnx_file(path: str, input_shapes=None):
+    """An ``.onnx`` file; named shapes go to ``shape_dict``, unnamed ones to inputs in order."""
+    onnx = require("onnx", "onnx", "tvmamp: loading an .onnx file")
+    from .onnx import from_onnx, graph_inputs, read_model
+
+    model = read_model(onnx, path)
+    return from_onnx(model, shape_dict=_shape_dict(graph_inputs(model), input_shapes))
+
+
+def _shape_dict(inputs, input_shapes) -> dict | None:
+    if not input_shapes:
+        return None
+    if len(input_shapes) > len(inputs):
+        raise ValueError(
+            f"tvmamp: {len(input_shapes)} input shapes given, but the ONNX model has "
+            f"{len(inputs)} inputs ({', '.join(inputs)})"
+        )
+    return {name or inputs[i]: shape for i, (name, shape) in enumerate(input_shapes)}
+
+
+def load_exported_program_file(path: str, input_shapes=None):
+    """A ``.pt2`` file from ``torch.export.save``; its signature fixes the input shapes."""
+    torch = require("torch", "torch", "tvmamp: loading a .pt2 file")
+    from .torch import import_exported_program
+
+    if input_shapes:
+        raise ValueError(f"tvmamp: {path!r} is an exported program; its input shapes are fixed")
+    try:
+        program = torch.export.load(path)
+    except Exception as err:  # torch raises several types for a corrupt archive
+        raise ValueError(f"tvmamp: {path!r} is not a torch.export .pt2 archive: {err}") from err
+    return import_exported_program(program)
+
+
+def load_torchscript_file(path: str, input_shapes=None):
+    """A TorchScript ``.pt`` file, converted with torch's TorchScript-to-export converter.
+
+    TorchScript keeps no input shapes, so ``input_shapes`` are required. The converter
+    (``torch._export.converter``, a private torch API) lifts the weights as constants, so the
+    returned params are empty and the weights are converted at compile time.
+    """
+    torch = require("torch", "torch", "tvmamp: loading a TorchScript file")
+    from .torch import import_exported_program
+
+    try:
+        script = torch.jit.load(path, map_location="cpu")
+    except Exception as err:  # torch.jit.load raises RuntimeError and others
+        raise ValueError(
+            f"tvmamp: {path!r} is not a TorchScript archive ({err}); if it holds a pickled "
+            f"module or a state dict, {TORCHSCRIPT_HINT}"
+        ) from err
+    args = tuple(torch.from_numpy(x) for x in random_inputs(input_shapes, "tvmamp"))
+    try:
+        from torch._export.converter import TS2EPConverter
+
+        program = TS2EPConverter(script, args).convert()
+    except Exception as err:  # the converter raises many types
+        raise RuntimeError(
+            f"tvmamp: torch could not convert the TorchScript model {path!r} to an exported "
+            f"program ({err}); {TORCHSCRIPT_HINT}"
+        ) from err
+    return import_exported_program(program)
+
+
+def from_object(obj, input_shapes=None):
+    """``(mod, params)`` from what a ``module:function`` factory returned.
+
+    Accepted: a torch.nn.Module (shapes from ``input_shapes``), ``(nn.Module, example_inputs)``,
+    a torch ExportedProgram, an onnx.ModelProto; anything else is returned as ``(obj, None)``
+    or, for a pair, as it is.
+    """
+    torch, onnx = sys.modules.get("torch"), sys.modules.get("onnx")
+    if torch is not None:
+        from .torch import from_torch
+
+        if isinstance(obj, tuple) and len(obj) == 2 and isinstance(obj[0], torch.nn.Module):
+            return from_torch(obj[0], obj[1])
+        if isinstance(obj, torch.export.ExportedProgram):
+            return from_torch(obj, None)
+        if isinstance(obj, torch.nn.Module):
+            return from_torch(obj, random_inputs(input_shapes, "tvmamp"))
+    if onnx is not None and isinstance(obj, onnx.ModelProto):
+        from .onnx import from_onnx, graph_inputs
+
+        return from_onnx(obj, shape_dict=_shape_dict(graph_inputs(obj), input_shapes))
+    if isinstance(obj, tuple) and len(obj) == 2:
+        return obj
+    return obj, None

@@ -1,0 +1,102 @@
+"""Import ONNX models with TVM's ONNX importer: checked model, validated shapes, params detached."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from .common import UnsupportedOperatorError, require, split_params
+
+_COMPONENT = "tvmamp.from_onnx"
+
+
+def from_onnx(
+    model,
+    shape_dict: Mapping[str, tuple] | None = None,
+    dtype_dict: str | Mapping[str, str] = "float32",
+    opset: int | None = None,
+):
+    """Import an ONNX model into Relax.
+
+    Parameters
+    ----------
+    model : str, os.PathLike or onnx.ModelProto
+        A ``.onnx`` file or a loaded model. It must pass ``onnx.checker.check_model``.
+    shape_dict : dict of str to tuple, optional
+        Static shapes for graph inputs (needed where the model has symbolic dimensions).
+        Every key must name a graph input: TVM would silently ignore one that does not.
+    dtype_dict : str or dict of str to str
+        Input dtypes, one for all or per input name (keys validated like ``shape_dict``).
+    opset : int, optional
+        Override the model's opset.
+
+    Returns
+    -------
+    mod : tvm.IRModule
+        ``main(*inputs, *params)`` with the ``num_input`` attribute.
+    params : dict of str to numpy.ndarray
+        The initializers by name, for ``tvmamp.build(params=...)``.
+    """
+    onnx = require("onnx", "onnx", _COMPONENT)
+    model = read_model(onnx, model)
+    inputs = graph_inputs(model)
+    _check_keys(shape_dict, inputs, "shape_dict")
+    if isinstance(dtype_dict, Mapping):
+        _check_keys(dtype_dict, inputs, "dtype_dict")
+    _check_ops(model)
+    from tvm.relax.frontend.onnx import from_onnx as tvm_from_onnx
+
+    shapes = {k: [int(d) for d in v] for k, v in (shape_dict or {}).items()}
+    mod = tvm_from_onnx(model, shapes or None, dtype_dict, opset=opset, keep_params_in_input=True)
+    func = mod["main"]
+    values = list(func.attrs["params"]) if "params" in func.attrs else []
+    return split_params(mod, values, _COMPONENT)
+
+
+def graph_inputs(model) -> list[str]:
+    """Names of a model's data inputs (graph inputs that are not initializers)."""
+    initializers = {t.name for t in model.graph.initializer}
+    return [i.name for i in model.graph.input if i.name not in initializers]
+
+
+def read_model(onnx, model):
+    """A checked ``onnx.ModelProto`` from a path or a model (ValueError when it is invalid)."""
+    if isinstance(model, (str, os.PathLike)):
+        path = os.fspath(model)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"{_COMPONENT}: no such model file {path!r}")
+        try:
+            model = onnx.load(path)
+        except Exception as err:  # protobuf raises DecodeError and others
+            raise ValueError(f"{_COMPONENT}: {path!r} is not a valid ONNX model: {err}") from err
+    if not isinstance(model, onnx.ModelProto):
+        raise TypeError(
+            f"{_COMPONENT}: expected a path or an onnx.ModelProto, got {type(model).__name__}"
+        )
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as err:
+        raise ValueError(f"{_COMPONENT}: the ONNX model is invalid: {err}") from err
+    return model
+
+
+def _check_keys(mapping, inputs, what):
+    unknown = sorted(set(mapping or {}) - set(inputs))
+    if unknown:
+        raise ValueError(
+            f"{_COMPONENT}: {what} keys {unknown} name no input of the model; "
+            f"its inputs are {inputs}"
+        )
+
+
+def _check_ops(model):
+    from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
+
+    known = set(_get_convert_map()) | {"Constant", "If"}
+    missing = sorted({n.op_type for n in model.graph.node if n.op_type not in known})
+    if missing:
+        raise UnsupportedOperatorError(
+            f"{_COMPONENT}: TVM's ONNX importer does not support the operators "
+            f"{', '.join(missing)}",
+            missing,
+        )

@@ -1,0 +1,185 @@
+"""Import PyTorch models: torch.export, then TVM's ExportedProgram importer, params detached."""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Mapping
+
+from .common import UnsupportedOperatorError, rename_params, require, split_params
+
+TRAIN_MODES = ("eval", "error")
+
+# Ops that only a train-mode module exports (after decomposition); TVM imports them wrongly
+# for inference (dropout as identity, BatchNorm without its running-stat updates).
+_TRAIN_ONLY_OPS = {
+    "_native_batch_norm_legit_functional.default": "BatchNorm with batch statistics",
+    "native_dropout.default": "dropout",
+}
+
+
+def from_torch(
+    module,
+    example_inputs,
+    *,
+    dynamic_batch: bool = False,
+    train_mode: str = "eval",
+    custom_convert_map: Mapping | None = None,
+):
+    """Import a ``torch.nn.Module`` (or a ``torch.export.ExportedProgram``) into Relax.
+
+    Parameters
+    ----------
+    module : torch.nn.Module or torch.export.ExportedProgram
+        The model. An ExportedProgram is imported as it is (``example_inputs`` may be None).
+    example_inputs : tensor, array or tuple of them
+        Inputs for ``torch.export``; their shapes and dtypes become ``main``'s signature.
+    dynamic_batch : bool
+        Export dimension 0 of every input as a symbolic batch size (the example batch must be
+        at least 2, since torch specialises sizes 0 and 1).
+    train_mode : str
+        What to do with a module in train mode, whose dropout and BatchNorm TVM would import
+        silently wrong. The module is always exported in eval mode (for inference) and its
+        modes are restored afterwards; when that changes a dropout, norm or attention layer,
+        ``"eval"`` (default) warns and ``"error"`` refuses with a ValueError.
+    custom_convert_map : dict, optional
+        Extra op converters for TVM's importer (``"op.overload"`` -> converter).
+
+    Returns
+    -------
+    mod : tvm.IRModule
+        ``main(*inputs, *params)`` with the ``num_input`` attribute; BatchNorm running
+        statistics stay constants.
+    params : dict of str to numpy.ndarray
+        Weights by their PyTorch names (``"fc.weight"``), for ``tvmamp.build(params=...)``.
+    """
+    torch = require("torch", "torch", "tvmamp.from_torch")
+    _check_choice(train_mode)
+    if isinstance(module, torch.export.ExportedProgram):
+        return import_exported_program(module, custom_convert_map=custom_convert_map)
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(
+            f"tvmamp.from_torch: expected a torch.nn.Module or torch.export.ExportedProgram, "
+            f"got {type(module).__name__}"
+        )
+    args = _as_tensors(torch, example_inputs)
+    dynamic = tuple({0: torch.export.Dim("batch")} for _ in args) if dynamic_batch else None
+    with _eval_mode(torch, module, train_mode):
+        try:
+            program = torch.export.export(module, args, dynamic_shapes=dynamic)
+        except Exception as err:  # torch raises many types; report them as one
+            raise RuntimeError(
+                f"tvmamp.from_torch: torch.export could not trace {type(module).__name__}: {err}"
+            ) from err
+    return import_exported_program(program, custom_convert_map=custom_convert_map)
+
+
+def _check_choice(train_mode):
+    if train_mode not in TRAIN_MODES:
+        raise ValueError(
+            f"tvmamp.from_torch: train_mode {train_mode!r} is not one of {', '.join(TRAIN_MODES)}"
+        )
+
+
+def _as_tensors(torch, example_inputs) -> tuple:
+    if example_inputs is None:
+        raise TypeError("tvmamp.from_torch: example_inputs are required to export a module")
+    items = example_inputs if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+    return tuple(x if isinstance(x, torch.Tensor) else torch.as_tensor(x) for x in items)
+
+
+def _train_sensitive(torch, module) -> list[str]:
+    """Names of submodules in train mode whose result depends on it (dropout, norms, attention)."""
+    nn = torch.nn
+    kinds = (nn.modules.dropout._DropoutNd, nn.modules.batchnorm._NormBase, nn.MultiheadAttention)
+    return [
+        name or type(module).__name__
+        for name, m in module.named_modules()
+        if m.training and (isinstance(m, kinds) or (isinstance(m, nn.RNNBase) and m.dropout > 0))
+    ]
+
+
+@contextlib.contextmanager
+def _eval_mode(torch, module, train_mode: str):
+    """Export in eval mode: warn (or refuse) when that changes a layer; restore modes after."""
+    training = _train_sensitive(torch, module)
+    if training and train_mode == "error":
+        raise ValueError(
+            f"tvmamp.from_torch: the module is in train mode ({', '.join(training[:3])}"
+            f"{', ...' if len(training) > 3 else ''}); TVM would import dropout as identity and "
+            "drop BatchNorm's running-stat updates. Call module.eval() first, or pass "
+            "train_mode='eval'"
+        )
+    if training:
+        warnings.warn(
+            f"tvmamp.from_torch: the module was in train mode; importing it in eval mode for "
+            f"inference (dropout off, BatchNorm uses running statistics) for {len(training)} "
+            f"layers ({', '.join(training[:3])}{', ...' if len(training) > 3 else ''}); the "
+            "module's own mode is restored after export",
+            UserWarning,
+            stacklevel=4,
+        )
+    modes = {m: m.training for m in module.modules()}
+    module.eval()
+    try:
+        yield
+    finally:
+        for m, was_training in modes.items():
+            m.train(was_training)
+
+
+def import_exported_program(program, custom_convert_map: Mapping | None = None):
+    """Import an ExportedProgram: returns ``(mod, params)`` as :func:`from_torch` does."""
+    from tvm.relax.frontend.torch import from_exported_program
+    from tvm.relax.frontend.torch.exported_program_translator import ExportedProgramImporter
+
+    component = "tvmamp.from_torch"
+    program = program.run_decompositions()
+    calls = [n for n in program.graph.nodes if n.op == "call_function"]
+    _refuse_train_ops(calls, program)
+    known = set(ExportedProgramImporter().convert_map) | set(custom_convert_map or {})
+    missing = sorted({str(n.target) for n in calls if n.target.__name__ not in known})
+    if missing:
+        raise UnsupportedOperatorError(
+            f"{component}: TVM's PyTorch importer does not support {', '.join(missing)}; "
+            "rewrite these ops in the model or pass custom_convert_map",
+            missing,
+        )
+    mod = from_exported_program(
+        program,
+        keep_params_as_input=True,
+        unwrap_unit_return_tuple=True,
+        custom_convert_map=dict(custom_convert_map) if custom_convert_map else None,
+        run_ep_decomposition=False,
+    )
+    values = list(mod["main"].attrs["params"]) if "params" in mod["main"].attrs else []
+    mod, params = split_params(mod, values, component)
+    names = _torch_names(program)
+    mod["main"] = rename_params(mod["main"], names)
+    return mod, {names.get(k, k): v for k, v in params.items()}
+
+
+def _refuse_train_ops(calls, program):
+    found = sorted(
+        {
+            _TRAIN_ONLY_OPS[n.target.__name__]
+            for n in calls
+            if n.target.__name__ in _TRAIN_ONLY_OPS
+            and n.kwargs.get("train", n.args[2] if len(n.args) > 2 else True) is not False
+        }
+    )
+    if found or program.graph_signature.buffers_to_mutate:
+        found = found or ["buffer updates"]
+        raise ValueError(
+            f"tvmamp.from_torch: the exported program was traced in train mode ({', '.join(found)}"
+            "); TVM would import it silently wrong for inference. Export it again after "
+            "module.eval(), or pass the module itself to tvmamp.from_torch"
+        )
+
+
+def _torch_names(program) -> dict:
+    """Relax parameter name (``p_fc_weight``) -> PyTorch name (``fc.weight``)."""
+    from torch.export.graph_signature import InputKind
+
+    kind = InputKind.PARAMETER
+    return {s.arg.name: s.target for s in program.graph_signature.input_specs if s.kind == kind}
