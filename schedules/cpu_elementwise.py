@@ -37,9 +37,13 @@ class CPUElementwise(CPURule):
         remaining = try_inline_all(sch, blocks[:-1]) + blocks[-1:]
         try:
             for block in remaining:
-                dtype = str(sch.get(block).writes[0].source.dtype)
+                stmt = sch.get(block)
+                dtype = str(stmt.writes[0].source.dtype)
                 parallel = use_parallel(target, _num_elements(sch, block))
-                schedule_injective(sch, block, vector_lanes(target, dtype), parallel)
+                # TVM 0.27's bf16 legalization rejects a vector store of a bf16 constant
+                # (``zeros``/``full``): fill those one element at a time.
+                lanes = 1 if dtype == "bfloat16" and not stmt.reads else vector_lanes(target, dtype)
+                schedule_injective(sch, block, lanes, parallel)
         except ScheduleError:
             return None
         return sch

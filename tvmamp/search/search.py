@@ -204,7 +204,7 @@ def _run(search: _Search):
     chosen = []
     if not search.budget.met(error):
         ranked = (
-            _ranked(search)
+            _ranked(search, notes)
             if not search.out_of_time()
             else rank_candidates(search.mod, search.nodes, [])
         )
@@ -231,19 +231,30 @@ def _run(search: _Search):
     return plan, exe, notes
 
 
-def _ranked(search: _Search) -> list:
-    """Candidates ranked by per-op attribution on the first calibration input."""
+def _ranked(search: _Search, notes: list) -> list:
+    """Candidates ranked by per-op attribution on the first calibration input.
+
+    If the instrumented builds that attribution needs fail, the candidates keep the static
+    order (cheap ops before GEMMs, graph order) and the plan's notes say so.
+    """
     from tvmamp.debugging import compare_accuracy
 
-    report = compare_accuracy(
-        search.mod,
-        list(search.calib[0]),
-        level=search.level,
-        dtype=search.dtype,
-        params=search.params,
-        target=search.target,
-        plot=False,
-    )
+    try:
+        report = compare_accuracy(
+            search.mod,
+            list(search.calib[0]),
+            level=search.level,
+            dtype=search.dtype,
+            params=search.params,
+            target=search.target,
+            plot=False,
+        )
+    except (RuntimeError, TypeError, ValueError) as err:
+        notes.append(
+            f"per-op attribution failed ({type(err).__name__}: "
+            f"{str(err).strip().splitlines()[-1][:200]}); ranked without it"
+        )
+        return rank_candidates(search.mod, search.nodes, [])
     return rank_candidates(search.mod, search.nodes, report.rows)
 
 
