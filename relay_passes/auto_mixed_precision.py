@@ -32,6 +32,15 @@ from tvmamp.policy import FLOAT_DTYPES, Policy
 from .amp_report import AmpReport, ForcedNode, NodeDecision
 
 _CAST_OPS = ("relax.astype", "relax.wrap_param")
+# Ops that only move data: converting their constant input gives exactly the converted output.
+_MOVEMENT_OPS = (
+    "relax.permute_dims",
+    "relax.reshape",
+    "relax.expand_dims",
+    "relax.squeeze",
+    "relax.flatten",
+    "relax.broadcast_to",
+)
 
 
 def np_dtype(dtype: str):
@@ -89,7 +98,9 @@ class AutoMixedPrecision:
             if isinstance(func, relax.Function):
                 new_func = rewriter.rewrite(func, low_io[gv], gv.name_hint)
                 rewriter.builder_.update_func(gv, new_func)
-        return rewriter.builder_.get()
+        # bindings the rewrite left unused (an fp32 value whose only consumers now take a
+        # converted copy) are dropped, so later phases see only what runs
+        return relax.transform.DeadCodeElimination()(rewriter.builder_.get())
 
 
 @relax.expr_functor.mutator
@@ -109,6 +120,7 @@ class _Rewriter(PyExprMutator):
         self._constants = {}  # (constant, dtype) -> converted constant
         self._param_names = {}  # param var -> name
         self._from_constants = set()  # vars computed from constants only (FoldConstant folds them)
+        self._moved_constants = {}  # var -> data-movement call on a constant that produced it
         self._low_params = False
         self._func_name = "main"
         self._seen_names = {}  # name -> count, to make node ids unique as the printer does
@@ -194,6 +206,10 @@ class _Rewriter(PyExprMutator):
             self._nominal[new_var] = nominal
         if isinstance(value, relax.Call) and self._all_constant(value.args):
             self._from_constants.add(new_var)
+            op = value.op
+            if isinstance(op, tvm.ir.Op) and op.name in _MOVEMENT_OPS:
+                if isinstance(value.args[0], Constant):
+                    self._moved_constants[new_var] = value
 
     def _is_constant(self, expr):
         return isinstance(expr, Constant) or expr in self._from_constants
@@ -343,6 +359,13 @@ class _Rewriter(PyExprMutator):
         if isinstance(expr, relax.TupleGetItem):
             expr = self.builder_.emit(expr)
         cache = self._casts[-1]
+        if (expr, dtype) not in cache and expr in self._moved_constants:
+            # permute_dims(W) -> permute_dims(W converted): exact, and the pattern stays visible
+            call = self._moved_constants[expr]
+            args = [self._convert_constant(call.args[0], dtype), *call.args[1:]]
+            moved = self.builder_.emit(relax.Call(call.op, args, call.attrs, call.ty_args))
+            self._from_constants.add(moved)
+            cache[(expr, dtype)] = moved
         if (expr, dtype) not in cache:
             cast = self.builder_.emit(relax.op.astype(expr, dtype))
             self._cast_source[cast] = expr
