@@ -94,7 +94,7 @@ def test_relax_function_is_accepted_and_non_models_are_type_errors():
         (dict(target="tpu"), ValueError, "unknown target 'tpu'"),
         (dict(custom_white_list=["conv9d"]), ValueError, "unknown op name 'conv9d'"),
         (dict(params={"nope": np.ones(3, "float32")}), ValueError, "not inputs of main"),
-        (dict(tuning_log="/nonexistent/log"), FileNotFoundError, "lacks database_workload.json"),
+        (dict(tuning_log="/nonexistent/log"), FileNotFoundError, "is not a directory"),
     ],
 )
 def test_bad_input_gets_a_clear_error(kwargs, error, match):

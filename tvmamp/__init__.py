@@ -9,6 +9,7 @@ from tvmamp.loss_scale import DynamicLossScale, NoOpLossScale, StaticLossScale
 from tvmamp.policy import LEVELS, LOW_DTYPES, Category, Policy
 from tvmamp.relay_passes import AmpReport, AutoMixedPrecision
 from tvmamp.search import ErrorBudget, PrecisionPlan, search_precision
+from tvmamp.tuning import RPC, load_tuning_log, tune
 
 __version__ = "0.1.0"
 
@@ -25,6 +26,7 @@ __all__ = [
     "Executable",
     "Policy",
     "PrecisionPlan",
+    "RPC",
     "StaticLossScale",
     "build",
     "convert",
@@ -33,6 +35,8 @@ __all__ = [
     "from_torch",
     "get_black_list",
     "get_white_list",
+    "load_tuning_log",
     "search_precision",
     "training",
+    "tune",
 ]

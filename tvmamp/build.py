@@ -147,6 +147,7 @@ def build(
     accumulate_dtype: str = "float32",
     node_dtypes: Mapping[str, str] | None = None,
     plan=None,
+    tuning_log_override: bool = False,
 ) -> Executable:
     """Compile a Relax model with automatic mixed precision.
 
@@ -168,7 +169,10 @@ def build(
     keep_io_types : bool
         Keep the model's inputs and outputs in their original dtypes.
     tuning_log : path, optional
-        A tuning log directory from ``tvmamp.tune``; its kernels replace default schedules.
+        A tuning log directory from ``tvmamp.tune``; its kernels replace default schedules where
+        they were measured faster. A log for another target, level or dtype is refused.
+    tuning_log_override : bool
+        Apply a tuning log made for another target, level or dtype anyway.
     custom_fp32_nodes, custom_low_nodes : list of str, optional
         Glob patterns on binding or parameter names, e.g. ``["head*"]``.
     accumulate_dtype : str
@@ -199,7 +203,7 @@ def build(
         accumulate_dtype,
         node_dtypes,
     )
-    return compile_converted(converted, tuning_log)
+    return compile_converted(converted, tuning_log, tuning_log_override)
 
 
 def _apply_plan(plan, mod, level, dtype, node_dtypes):
@@ -220,16 +224,29 @@ def _apply_plan(plan, mod, level, dtype, node_dtypes):
     return plan.base_level, plan.dtype, plan.node_dtypes
 
 
-def compile_converted(converted: Converted, tuning_log=None) -> Executable:
-    """Lower a converted module for its target (build hooks, then the target phases)."""
+def compile_converted(
+    converted: Converted, tuning_log=None, tuning_log_override: bool = False
+) -> Executable:
+    """Lower a converted module for its target (build hooks, then the target phases).
+
+    A ``tuning_log`` is checked against the target, level and dtype (refused on a mismatch
+    unless ``tuning_log_override``); its notes (kernels left to the default schedules, records
+    dropped because the default was faster) are kept on ``exe.notes``.
+    """
     mod = converted.mod
     for hook in BUILD_HOOKS:
         mod = hook(dataclasses.replace(converted, mod=mod))
-    database = _open_tuning_log(tuning_log) if tuning_log is not None else None
+    database, notes = None, []
+    if tuning_log is not None:
+        from tvmamp.tuning import load_tuning_log
+
+        database, notes = load_tuning_log(tuning_log, converted, tuning_log_override)
     pipeline = _pipeline(converted.target, converted.entry, converted.policy, database)
     with database if database is not None else contextlib.nullcontext(), _pass_context(converted):
         vm_exec = tvm.compile(mod, target=converted.target, relax_pipeline=pipeline)
-    exe = Executable(vm_exec, converted.target, converted.mod, converted.report, converted.policy)
+    exe = Executable(
+        vm_exec, converted.target, converted.mod, converted.report, converted.policy, notes
+    )
     report = getattr(converted.entry, "partition_report", None)
     exe.partition = report(converted.target, converted.policy, converted.mod) if report else None
     return exe
@@ -284,17 +301,3 @@ def _pipeline(target, entry, policy, database):
             return tvm.transform.Sequential(phases)(mod)
 
     return pipeline
-
-
-def _open_tuning_log(path):
-    from tvm.s_tir import meta_schedule as ms
-
-    path = os.fspath(path)
-    files = ("database_workload.json", "database_tuning_record.json")
-    missing = [f for f in files if not os.path.isfile(os.path.join(path, f))]
-    if missing:
-        raise FileNotFoundError(
-            f"tvmamp.build: tuning log {path!r} lacks {', '.join(missing)}; "
-            "create one with tvmamp.tune(..., work_dir=...)"
-        )
-    return ms.database.JSONDatabase(work_dir=path, allow_missing=False)

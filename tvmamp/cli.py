@@ -7,7 +7,17 @@ import importlib
 import sys
 
 # Each module defines ``register(subparsers)``, which adds its parser and sets ``func``.
-SUBCOMMANDS = ("demo", "compile", "run", "stats", "compare", "inspect", "search")
+SUBCOMMANDS = (
+    "demo",
+    "compile",
+    "run",
+    "tune",
+    "logs",
+    "stats",
+    "compare",
+    "inspect",
+    "search",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -47,6 +47,11 @@ def register(subparsers) -> None:
     )
     p.add_argument("--tuning-log", default=None, help="tuning log directory from tvmamp tune")
     p.add_argument(
+        "--tuning-log-override",
+        action="store_true",
+        help="apply a tuning log made for another target, level or dtype anyway",
+    )
+    p.add_argument(
         "--plan",
         default=None,
         help="precision plan (.json) from 'tvmamp search'; sets the level, dtype and "
@@ -88,7 +93,9 @@ def run(args) -> int:
     converted = convert(mod, params=params, **kwargs)
     _log(f"[compile 3/4] compiling for {converted.target.kind.name} (the longest step) ...")
     step = time.perf_counter()
-    exe = compile_converted(converted, tuning_log=args.tuning_log)
+    exe = compile_converted(converted, args.tuning_log, args.tuning_log_override)
+    for note in exe.notes:
+        _log(f"[compile] tuning log: {note}")
     _log(f"[compile 3/4] compiled in {time.perf_counter() - step:.1f} s")
     _log(f"[compile 4/4] exporting {args.output} ...")
     exe.export_library(args.output)

@@ -1,0 +1,141 @@
+"""Tuned vs untuned tvmamp kernels vs torch, one thread, one run: 1024^3 matmul and SimpleNet.
+
+For each model (O2, bf16): build with the default schedules, tune ``--trials`` trials with
+``tvmamp.tune`` (timed, from an empty log), then build twice with the log:
+
+- "meta_schedule": every kernel with a record takes its best record (what TVM's
+  MetaScheduleApplyDatabase does with the raw log);
+- "tvmamp log": through ``load_tuning_log``, which keeps a kernel's default schedule where it
+  was timed faster than the best record while tuning.
+
+Untuned, both tuned builds, torch fp32 and torch autocast bf16 are then timed interleaved in the
+same run (``paired_medians``).
+
+Run: TVM_NUM_THREADS=1 python bench/bench_tuning.py [--trials 64] [--repeat 15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+import tvm
+from bench_simplenet import torch_simplenet
+from tvm import relax
+from tvm.s_tir import meta_schedule as ms
+
+import tvmamp
+from tvmamp import models
+from tvmamp.benchmark import max_rel_error, paired_medians
+from tvmamp.build import _pipeline  # the build's phases, to compile with a chosen database
+from tvmamp.executable import Executable
+from tvmamp.tuning import load_tuning_log, tune
+
+
+def matmul_model(size: int):
+    """``x[size, size] @ w[size, size]`` in fp32 with ``w`` as a param (bound at build)."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((size, size), "float32"))
+    w = relax.Var("w", relax.TensorType((size, size), "float32"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.matmul(x, w))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    mod["main"] = mod["main"].with_attr("num_input", 1)
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((size, size)) / np.sqrt(size)
+    return mod, {"w": w.astype("float32")}
+
+
+def torch_fns(name: str, params: dict, x: np.ndarray):
+    """torch fp32 and autocast-bf16 callables for the same model and weights."""
+    tx = torch.from_numpy(x)
+    if name == "matmul":
+        tw = torch.from_numpy(params["w"])
+        fp32 = lambda: torch.mm(tx, tw)  # noqa: E731
+    else:
+        net = torch_simplenet(params, 9)
+        fp32 = lambda: net(tx)  # noqa: E731
+
+    def bf16():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return fp32()
+
+    return fp32, bf16
+
+
+def build_with(converted, database) -> Executable:
+    """Compile ``converted`` as tvmamp.build does, applying ``database`` in phase 3."""
+    pipeline = _pipeline(converted.target, converted.entry, converted.policy, database)
+    with database:
+        vm_exec = tvm.compile(converted.mod, target=converted.target, relax_pipeline=pipeline)
+    c = converted
+    return Executable(vm_exec, c.target, c.mod, c.report, c.policy)
+
+
+def bench(name, mod, params, target, trials, repeat, work_dir):
+    """One row: ms of untuned, meta_schedule, tvmamp log, torch fp32 and bf16; tuning; notes."""
+    untuned = tvmamp.build(mod, "O2", target, "bfloat16", params)
+    start = time.perf_counter()
+    result = tune(mod, target, "O2", "bfloat16", work_dir, trials, params)
+    tuning_s = time.perf_counter() - start
+    converted = tvmamp.convert(mod, "O2", target, "bfloat16", params)
+    raw = build_with(converted, ms.database.JSONDatabase(work_dir=work_dir))
+    database, notes = load_tuning_log(work_dir, converted)
+    logged = build_with(converted, database)
+    x = models.example_inputs(mod)[0]
+    fp32, bf16 = torch_fns(name, params, x)
+    exes = (untuned, raw, logged)
+    with torch.no_grad():
+        ref = fp32().numpy()
+        fns = [*(lambda e=e: e(x) for e in exes), fp32, bf16]
+        times = paired_medians(fns, repeat)
+    errors = [max_rel_error(e(x), ref) for e in exes]
+    print(result.summary(), *notes, sep="\n", file=sys.stderr)
+    return [t * 1e3 for t in times], tuning_s, result.new_trials, errors
+
+
+def main() -> None:
+    """Print one markdown table row per model."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--trials", type=int, default=64)
+    parser.add_argument("--repeat", type=int, default=15)
+    parser.add_argument("--size", type=int, default=1024)
+    args = parser.parse_args()
+    threads = int(os.environ.get("TVM_NUM_THREADS", "1"))
+    os.environ["TVM_NUM_THREADS"] = str(threads)
+    torch.set_num_threads(threads)
+    target = f"llvm -num-cores={threads}"
+    cases = [
+        ("matmul", f"matmul {args.size}^3", *matmul_model(args.size)),
+        ("simplenet", "SimpleNet 9xLinear(1024) b256", *models.simple_net()),
+    ]
+    print(
+        "| model (O2 bf16, 1 thread) | untuned ms | meta_schedule ms | tvmamp log ms "
+        "| torch fp32 ms | torch bf16 ms | speed / best torch: untuned, meta_schedule, log "
+        "| trials | tuning s | max rel err (untuned, meta_schedule, log) |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for key, label, mod, params in cases:
+        with tempfile.TemporaryDirectory() as work_dir:
+            t, tuning_s, n, err = bench(
+                key, mod, params, target, args.trials, args.repeat, work_dir
+            )
+        best_torch = min(t[3], t[4])
+        speeds = ", ".join(f"{best_torch / v:.2f}" for v in t[:3])
+        errs = ", ".join(f"{e:.1e}" for e in err)
+        print(
+            f"| {label} | {t[0]:.2f} | {t[1]:.2f} | {t[2]:.2f} | {t[3]:.2f} | {t[4]:.2f} "
+            f"| {speeds} | {n} | {tuning_s:.0f} | {errs} |",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,13 @@
+"""Constants and the tiny model shared by the tuning tests (imported by name, not a conftest)."""
+
+from tvmamp import models
+
+TARGET = "llvm -num-cores=1"
+LEVEL = "O2"
+DTYPE = "bfloat16"
+TRIALS = 4
+
+
+def tiny_model():
+    """One Linear(64) layer on a 16 x 64 batch: a single matmul kernel plus two casts at O2."""
+    return models.simple_net(batch=16, hidden=64, layers=1, seed=3)

@@ -1,0 +1,151 @@
+"""Open a tuning log for tvmamp.build: check it, then say which kernels it covers."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from tvm import tirx
+
+from . import logfile
+from .manifest import SOFT_TARGET_KEYS, Manifest, compare, read_manifest
+from .tasks import lower_for_tuning
+
+COMPONENT = "tvmamp.build"
+
+
+def load_tuning_log(path, converted, override: bool = False):
+    """Open the tuning log in ``path`` for building ``converted``.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        A directory written by ``tvmamp.tune``.
+    converted : tvmamp.build.Converted
+        The converted model about to be compiled.
+    override : bool
+        Apply a log made for another target, level or dtype anyway (its kernels are still
+        applied only where they match the graph's kernels exactly).
+
+    Returns
+    -------
+    database : tvm.s_tir.meta_schedule.Database
+        The best record of each kernel, in memory (building never writes to the log). Use it as
+        a context manager around ``tvm.compile`` with ``MetaScheduleApplyDatabase`` in the
+        pipeline.
+    notes : list of str
+        What a user should know: kernels without a record (they keep the default schedules),
+        an override, another thread count, another model.
+
+    Raises
+    ------
+    FileNotFoundError
+        ``path`` or one of its files is missing.
+    ValueError
+        The log was made for another target, level or dtype (without ``override``), or a file
+        is corrupt or truncated, or a record does not apply to the kernel it names.
+    """
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        raise FileNotFoundError(
+            f"{COMPONENT}: tuning log {path!r} is not a directory; "
+            "create one with tvmamp.tune(..., work_dir=...)"
+        )
+    manifest = read_manifest(path, COMPONENT)
+    mismatches, notes = compare(manifest, converted)
+    if mismatches and not override:
+        raise ValueError(
+            f"{COMPONENT}: tuning log {path!r} was made for another configuration: "
+            f"{'; '.join(mismatches)}. Tune for this one, or pass tuning_log_override=True "
+            "to apply it anyway"
+        )
+    notes = [f"override: log applied although {m}" for m in mismatches] + notes
+    scan = logfile.check_complete(path, COMPONENT)
+    _check_record_targets(path, manifest, scan)
+    database, kept = _best_records(path, manifest)
+    return database, notes + kept + _coverage(database, converted)
+
+
+def _check_record_targets(path: str, manifest: Manifest, scan) -> None:
+    """Every record must be for the manifest's target: otherwise the files were mixed up.
+
+    Records may carry more keys than the manifest (GPU limits tuning filled in), not others.
+    """
+    want = {k: v for k, v in manifest.target.items() if k not in SOFT_TARGET_KEYS}
+    for text, line in scan.targets.items():
+        have = json.loads(text) or {}
+        if any(have.get(k) != v for k, v in want.items()):
+            raise ValueError(
+                f"{COMPONENT}: tuning log {path!r} is inconsistent: record line {line} was tuned "
+                f"for {text} but the manifest says {json.dumps(manifest.target)}"
+            )
+
+
+def _best_records(path: str, manifest: Manifest):
+    """The log's best valid record per kernel, in a MemoryDatabase, and notes.
+
+    A kernel whose default schedule was timed faster than its best tuned record during tuning
+    keeps the default (its record is left out), so applying a log never makes a build slower.
+    """
+    from tvm.s_tir import meta_schedule as ms
+
+    pruned = ms.database.MemoryDatabase()
+    _open_json_database(path).dump_pruned(pruned)
+    defaults = {t.get("workload"): t for t in manifest.tasks if t.get("default_ms") is not None}
+    database, notes = ms.database.MemoryDatabase(), []
+    for record in pruned.get_all_tuning_records():
+        task = defaults.get(str(record.workload.as_json()[0]))
+        secs = sorted(float(s) for s in record.run_secs)
+        best_ms = secs[len(secs) // 2] * 1e3
+        if task is not None and task["default_ms"] < best_ms:
+            notes.append(
+                f"kept the default schedule of {task['name']}: it ran in {task['default_ms']:.4g}"
+                f" ms when tuned, the best tuned schedule in {best_ms:.4g} ms"
+            )
+            continue
+        workload = database.commit_workload(record.workload.mod)
+        database.commit_tuning_record(
+            ms.database.TuningRecord(
+                record.trace, workload, record.run_secs, record.target, record.args_info
+            )
+        )
+    return database, notes
+
+
+def _open_json_database(path: str):
+    from tvm.s_tir import meta_schedule as ms
+
+    try:
+        return ms.database.JSONDatabase(work_dir=path, allow_missing=False)
+    except Exception as err:  # TVM raises its own error types for records it cannot replay
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise ValueError(
+            f"{COMPONENT}: tuning log {path!r} is corrupt: TVM could not read it ({first}). "
+            "Delete the log and tune again"
+        ) from None
+
+
+def _coverage(database, converted) -> list[str]:
+    """Replay the record of every kernel now, so a bad one fails here with its name."""
+    from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
+
+    lowered = lower_for_tuning(converted)
+    applied, missing = [], []
+    for gv, func in lowered.functions_items():
+        if not isinstance(func, tirx.PrimFunc) or func.attrs.get("tirx.is_scheduled", False):
+            continue
+        name = gv.name_hint
+        try:
+            found = database.query_schedule(_normalize_mod(func), converted.target, name)
+        except (RuntimeError, ValueError, TypeError) as err:  # TVM errors derive from these
+            raise ValueError(
+                f"{COMPONENT}: the tuning log's record for kernel {name!r} does not apply: "
+                f"{str(err).strip().splitlines()[0]}"
+            ) from None
+        (applied if found is not None else missing).append(name)
+    notes = [
+        f"tuned schedules from the log for {len(applied)} of {len(applied) + len(missing)} kernels"
+    ]
+    if missing:
+        notes.append(f"no record for {', '.join(sorted(missing))}: default schedules used")
+    return notes
