@@ -14,10 +14,9 @@ import torch
 import tvm
 from tvm import relax
 from tvm.relax.frontend.torch import from_exported_program
-from tvm.s_tir import dlight as dl
 
 from tvmamp.benchmark import paired_medians
-from tvmamp.schedules.cpu import default_cpu_rules
+from tvmamp.schedules.cpu import cpu_schedule_passes
 
 LEGALIZE = [
     relax.transform.LegalizeOps(),
@@ -35,7 +34,7 @@ def _target(cores: int) -> tvm.target.Target:
 def build(mod: tvm.IRModule, target: tvm.target.Target) -> relax.VirtualMachine:
     """Legalise, schedule with the default CPU rules and build ``mod`` for ``target``."""
     with target:
-        passes = [*LEGALIZE, dl.ApplyDefaultSchedule(*default_cpu_rules(target))]
+        passes = [*LEGALIZE, *cpu_schedule_passes(target)]
         mod = tvm.transform.Sequential(passes)(mod)
     return relax.VirtualMachine(tvm.compile(mod, target=target), tvm.cpu())
 

@@ -5,12 +5,22 @@ from __future__ import annotations
 from tvm.s_tir import dlight as dl
 from tvm.target import Target
 
+from .cpu_bf16_common import has_avx512bf16
+from .cpu_bf16_matmul import CPUMatmulBF16
+from .cpu_bf16_passes import SplitPreproc
 from .cpu_conv import CPUConv2d
 from .cpu_elementwise import CPUElementwise
 from .cpu_matmul import CPUMatmul
 from .guard import Guarded
 
-__all__ = ["CPUConv2d", "CPUElementwise", "CPUMatmul", "default_cpu_rules"]
+__all__ = [
+    "CPUConv2d",
+    "CPUElementwise",
+    "CPUMatmul",
+    "CPUMatmulBF16",
+    "cpu_schedule_passes",
+    "default_cpu_rules",
+]
 
 
 def default_cpu_rules(target: Target) -> list[dl.ScheduleRule]:
@@ -25,8 +35,9 @@ def default_cpu_rules(target: Target) -> list[dl.ScheduleRule]:
     Returns
     -------
     rules : list[tvm.s_tir.dlight.ScheduleRule]
-        Matmul, conv2d, injective, then TVM's ``dlight.cpu`` GEMV and Reduction; use them as
-        ``dl.ApplyDefaultSchedule(*rules)`` under ``with target:``.
+        With avx512_bf16, the ``vdpbf16ps`` bf16 rules first; then matmul, conv2d, injective,
+        and TVM's ``dlight.cpu`` GEMV and Reduction. Use them through
+        :func:`cpu_schedule_passes`, which also splits out the bf16 rules' weight packing.
 
     Raises
     ------
@@ -38,4 +49,15 @@ def default_cpu_rules(target: Target) -> list[dl.ScheduleRule]:
             f"tvmamp.schedules.default_cpu_rules: target kind {target.kind.name!r} is not 'llvm'"
         )
     rules = [CPUMatmul(), CPUConv2d(), CPUElementwise(), dl.cpu.GEMV(), dl.cpu.Reduction()]
+    if has_avx512bf16(target):
+        rules = [CPUMatmulBF16(), *rules]
     return [Guarded(rule) for rule in rules]
+
+
+def cpu_schedule_passes(target: Target) -> list:
+    """Return the scheduling passes for ``target``: the default rules, then :class:`SplitPreproc`.
+
+    The bf16 rules leave their packing in blocks marked for splitting; ``SplitPreproc`` must
+    run before the module is built (it folds constant weights into their packed layout).
+    """
+    return [dl.ApplyDefaultSchedule(*default_cpu_rules(target)), SplitPreproc()]

@@ -131,12 +131,17 @@ def check(target: tvm.target.Target, dtype: str) -> None:
 
 
 def schedule_passes(target: tvm.target.Target) -> list:
-    """dlight default schedules for CPUs (tvmamp.schedules.cpu)."""
-    from tvm.s_tir import dlight as dl
+    """dlight default schedules for CPUs, then the bf16 weight packing folded at compile time."""
+    from tvmamp.schedules.cpu import cpu_schedule_passes
 
-    from tvmamp.schedules.cpu import default_cpu_rules
+    return cpu_schedule_passes(target)
 
-    return [dl.ApplyDefaultSchedule(*default_cpu_rules(target))]
+
+def partition_passes(target: tvm.target.Target, _policy) -> list:
+    """With avx512_bf16, bf16 convolutions become im2col + GEMM to run on the bf16 GEMM kernels."""
+    from tvmamp.relay_passes.conv2d_to_gemm import Conv2dToGemm
+
+    return [Conv2dToGemm("bfloat16")] if has_bf16(target) else []
 
 
 ENTRY = register_target(
@@ -146,5 +151,6 @@ ENTRY = register_target(
         default_dtype=default_dtype,
         check=check,
         schedule_passes=schedule_passes,
+        partition_passes=partition_passes,
     )
 )

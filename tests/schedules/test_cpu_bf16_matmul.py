@@ -1,0 +1,169 @@
+"""bf16 matmul kernels on the CPU: vdpbf16ps / AMX code, numerics, packing, epilogues, gating."""
+
+from __future__ import annotations
+
+import math
+
+import ml_dtypes
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+from tvm.s_tir import TensorIntrin
+
+from tvmamp.schedules import x86_bf16_intrin
+from tvmamp.schedules.cpu import CPUMatmulBF16, cpu_schedule_passes, default_cpu_rules
+from tvmamp.schedules.cpu_bf16_matmul import make_plan
+from tvmamp.targets.llvm import _host_flags
+
+# znver4 has avx512_bf16 but no AMX (vdpbf16ps kernels); sapphirerapids adds AMX-BF16.
+VDPBF16PS = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 1})
+AMX = tvm.target.Target({"kind": "llvm", "mcpu": "sapphirerapids", "num-cores": 2})
+NO_BF16 = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 1})
+KERNELS = [
+    pytest.param(VDPBF16PS, "vdpbf16ps", "avx512_bf16", id="vdpbf16ps"),
+    pytest.param(AMX, "tdpbf16ps", "amx_bf16", id="amx"),
+]
+LEGALIZE = [
+    relax.transform.LegalizeOps(),
+    relax.transform.AnnotateTIROpPattern(),
+    relax.transform.FoldConstant(),
+    relax.transform.FuseOps(),
+    relax.transform.FuseTIR(),
+]
+
+
+def _needs_host(flag: str) -> None:
+    if flag not in _host_flags():
+        pytest.skip(f"the host CPU lacks {flag}")
+
+
+def _gemm(m: int, k: int, n: int, weight: np.ndarray | None = None, epilogue=None):
+    """``x[m, k] @ w[k, n]`` (bf16 in, fp32 out), ``w`` a constant when given."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((m, k), "bfloat16"))
+    w = relax.Var("w", relax.TensorType((k, n), "bfloat16"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            out = bb.emit(relax.op.matmul(x, w, out_dtype="float32"))
+            out = bb.emit_output(epilogue(bb, out) if epilogue else out)
+        bb.emit_func_output(out)
+    mod = bb.get()
+    if weight is not None:
+        mod["main"] = mod["main"].bind_params({"w": relax.const(weight, "bfloat16")})
+    return mod
+
+
+def _compile(mod: tvm.IRModule, target: tvm.target.Target):
+    with target:
+        mod = tvm.transform.Sequential([*LEGALIZE, *cpu_schedule_passes(target)])(mod)
+    return mod, tvm.compile(mod, target=target)
+
+
+def _asm(exe) -> str:
+    mods = [exe.mod, *exe.mod.imports]
+    return "\n".join(m.inspect_source("asm") for m in mods if m.kind == "llvm")
+
+
+def _bf16(rng, shape) -> np.ndarray:
+    return rng.standard_normal(shape).astype(ml_dtypes.bfloat16)
+
+
+def _rel_err(out, ref) -> float:
+    return float(np.abs(out - ref).max() / np.abs(ref).max())
+
+
+@pytest.mark.parametrize(("target", "instruction", "flag"), KERNELS)
+@pytest.mark.parametrize(("m", "k", "n"), [(1000, 37, 999), (1, 256, 200), (257, 96, 64)])
+def test_ragged_shapes_and_batch_one(rng, target, instruction, flag, m, k, n):
+    _needs_host(flag)
+    a, b = _bf16(rng, (m, k)), _bf16(rng, (k, n))
+    _, exe = _compile(_gemm(m, k, n), target)
+    small = m < CPUMatmulBF16.Config().amx_min_rows  # batch 1 streams weights with vdpbf16ps
+    assert ("vdpbf16ps" if small else instruction) in _asm(exe)
+    vm = relax.VirtualMachine(exe, tvm.cpu())
+    out = vm["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(b)).numpy()
+    assert _rel_err(out, a.astype("float64") @ b.astype("float64")) <= 1e-2
+
+
+def _bias_gelu_cast(bias: np.ndarray):
+    def epilogue(bb, out):
+        out = bb.emit(relax.op.add(out, relax.const(bias, "float32")))
+        return relax.op.astype(relax.op.nn.gelu(out), "bfloat16")
+
+    return epilogue
+
+
+@pytest.mark.parametrize(("target", "instruction", "flag"), KERNELS)
+def test_weight_packed_at_compile_time_with_fused_epilogue(rng, target, instruction, flag):
+    _needs_host(flag)
+    m, k, n = 64, 128, 96
+    a, b, bias = _bf16(rng, (m, k)), _bf16(rng, (k, n)), rng.standard_normal(n).astype("float32")
+    mod, exe = _compile(_gemm(m, k, n, b, _bias_gelu_cast(bias)), target)
+    calls = [c.args[0].name_hint for c in _calls(mod["main"])]
+    assert not [c for c in calls if c.endswith("_prepack")], calls  # folded into a constant
+    assert len(calls) == 1, calls  # matmul, bias, gelu and cast are one kernel
+    assert instruction in _asm(exe)
+    out = relax.VirtualMachine(exe, tvm.cpu())["main"](tvm.runtime.tensor(a)).numpy()
+    pre = a.astype("float64") @ b.astype("float64") + bias
+    ref = 0.5 * pre * (1 + np.vectorize(math.erf)(pre / np.sqrt(2)))
+    assert _rel_err(out.astype("float64"), ref) <= 1e-2
+
+
+def _calls(func: relax.Function) -> list[relax.Call]:
+    calls = []
+    relax.analysis.post_order_visit(
+        func.body,
+        lambda e: (
+            calls.append(e) if isinstance(e, relax.Call) and e.op.name == "relax.call_tir" else None
+        ),
+    )
+    return calls
+
+
+def test_rule_is_gated_on_avx512bf16():
+    assert any(isinstance(r.rule, CPUMatmulBF16) for r in default_cpu_rules(VDPBF16PS))
+    assert not any(isinstance(r.rule, CPUMatmulBF16) for r in default_cpu_rules(NO_BF16))
+    assert not CPUMatmulBF16().is_target_available(NO_BF16)
+
+
+def test_without_avx512bf16_the_build_widens_and_still_runs(rng):
+    a, b = _bf16(rng, (33, 40)), _bf16(rng, (40, 24))
+    _, exe = _compile(_gemm(33, 40, 24), NO_BF16)
+    assert "vdpbf16ps" not in _asm(exe)
+    out = relax.VirtualMachine(exe, tvm.cpu())["main"](*map(tvm.runtime.tensor, (a, b))).numpy()
+    assert _rel_err(out, a.astype("float64") @ b.astype("float64")) <= 1e-2
+
+
+def test_intrinsic_is_registered_for_meta_schedule():
+    intrin = TensorIntrin.get(x86_bf16_intrin.DPBF16PS_INTRIN)
+    assert intrin is not None
+    assert "tvmamp_dpbf16ps_16x2" in intrin.impl.script()
+
+
+def test_tile_plan_exposes_the_config():
+    config = CPUMatmulBF16.Config(tile_i=4, vectors_j=3)
+    assert make_plan([1, 256, 512, 64], config).padding == [1, 4, 48, 2]
+    gemv = make_plan([1, 1, 1024, 1024], config)
+    assert (gemv.tile_i, gemv.tile_j) == (1, 16 * config.gemv_vectors_j)
+
+
+@pytest.mark.slow  # about 3 minutes here: meta_schedule checks every traced primitive
+def test_meta_schedule_space_samples_the_tiles():
+    from tvm.s_tir import meta_schedule as ms
+
+    from tvmamp.schedules.cpu_bf16_tuning import bf16_matmul_space
+
+    with VDPBF16PS:
+        mod = tvm.transform.Sequential(LEGALIZE)(_gemm(64, 64, 64))
+    func = next(f for _, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc))
+    context = ms.TuneContext(
+        mod=tvm.IRModule({"main": func}),
+        target=VDPBF16PS,
+        space_generator=bf16_matmul_space(VDPBF16PS),
+        search_strategy=ms.search_strategy.ReplayFunc(),
+    )
+    (space,) = context.generate_design_space()
+    kinds = [inst.kind.name for inst in space.trace.insts]
+    assert "SampleCategorical" in kinds
+    assert "Tensorize" in kinds
