@@ -23,7 +23,7 @@ from .cpu_bf16_common import (
     mark_preproc,
     reads_only_params,
 )
-from .cpu_common import CPURule, NotApplicable, all_static, inline_epilogue, use_parallel
+from .cpu_common import CPURule, NotApplicable, inline_epilogue, use_parallel
 from .cpu_matmul_analysis import find_matmul_block, normalize
 
 logger = logging.getLogger("tvmamp.schedules")
@@ -79,10 +79,8 @@ class CPUMatmulBF16(CPURule):
     def apply(  # pylint: disable=missing-function-docstring
         self, func: tirx.PrimFunc, target: Target, _: bool
     ) -> s_tir.Schedule | None:
-        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
-            return None
-        sch = s_tir.Schedule(func)
-        if not all_static(sch):
+        sch = self.static_schedule(func, target)
+        if sch is None:
             return None
         main = find_matmul_block(sch)
         if main is None or not is_bf16_matmul(sch.get(main)):

@@ -27,6 +27,13 @@ class CPURule(ScheduleRule):
         """Return whether ``target`` is an LLVM (CPU) target."""
         return target.kind.name == "llvm"
 
+    def static_schedule(self, func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+        """A Schedule of ``func`` if this rule may apply: a PrimFunc, this target, static shapes."""
+        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+            return None
+        sch = s_tir.Schedule(func)
+        return sch if all_static(sch) else None
+
 
 def vector_bits(target: Target) -> int:
     """Return the SIMD register width of ``target`` in bits (128 when unknown).

@@ -14,7 +14,6 @@ from tvm.target import Target
 from .cpu_common import (
     CPURule,
     NotApplicable,
-    all_static,
     inline_epilogue,
     largest_divisor,
     schedule_injective,
@@ -53,10 +52,8 @@ class CPUConv2d(CPURule):
     def apply(  # pylint: disable=missing-function-docstring
         self, func: tirx.PrimFunc, target: Target, _: bool
     ) -> s_tir.Schedule | None:
-        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
-            return None
-        sch = s_tir.Schedule(func)
-        if not all_static(sch):
+        sch = self.static_schedule(func, target)
+        if sch is None:
             return None
         conv = _find_conv_block(sch)
         if conv is None:

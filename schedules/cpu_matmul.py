@@ -13,7 +13,6 @@ from tvm.target import Target
 from .cpu_common import (
     CPURule,
     NotApplicable,
-    all_static,
     inline_epilogue,
     largest_divisor,
     use_parallel,
@@ -64,10 +63,8 @@ class CPUMatmul(CPURule):
     def apply(  # pylint: disable=missing-function-docstring
         self, func: tirx.PrimFunc, target: Target, _: bool
     ) -> s_tir.Schedule | None:
-        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
-            return None
-        sch = s_tir.Schedule(func)
-        if not all_static(sch):
+        sch = self.static_schedule(func, target)
+        if sch is None:
             return None
         main = find_matmul_block(sch)
         if main is None:

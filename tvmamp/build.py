@@ -265,6 +265,22 @@ def _pass_context(converted: Converted) -> tvm.transform.PassContext:
     )
 
 
+def front_phases(target, entry, policy) -> list:
+    """Phases 1 and 2 (partition, dispatch, legalize, fuse): the kernels tuning sees."""
+    return [
+        # Phase 1. target partitioning (BYOC) and library dispatch
+        *entry.partition_passes(target, policy),
+        relax.backend.DispatchSampling(),
+        relax.backend.DispatchSortScan(),
+        # Phase 2. legalize to TIR and fuse
+        relax.transform.LegalizeOps(),
+        relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FoldConstant(),
+        relax.transform.FuseOps(),
+        relax.transform.FuseTIR(),
+    ]
+
+
 def _pipeline(target, entry, policy, database):
     """The phases, in order, as in mlc-llm's pipeline: each a list of passes."""
 
@@ -272,16 +288,7 @@ def _pipeline(target, entry, policy, database):
     def pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         with target:
             phases = [
-                # Phase 1. target partitioning (BYOC) and library dispatch
-                *entry.partition_passes(target, policy),
-                relax.backend.DispatchSampling(),
-                relax.backend.DispatchSortScan(),
-                # Phase 2. legalize to TIR and fuse
-                relax.transform.LegalizeOps(),
-                relax.transform.AnnotateTIROpPattern(),
-                relax.transform.FoldConstant(),
-                relax.transform.FuseOps(),
-                relax.transform.FuseTIR(),
+                *front_phases(target, entry, policy),
                 # Phase 3. tuned kernels from the log, then default schedules for the rest
                 *([relax.transform.MetaScheduleApplyDatabase()] if database is not None else []),
                 *entry.schedule_passes(target),

@@ -6,7 +6,6 @@ import dataclasses
 import json
 
 import tvm
-from tvm import relax
 
 # GPU limits meta_schedule's CUDA rules need and plain "cuda -arch=sm_XY" targets lack: the
 # values every NVIDIA GPU since sm_30 supports (48 KB is the most without opt-in shared memory).
@@ -46,20 +45,11 @@ def lower_for_tuning(converted) -> tvm.IRModule:
 
     The kernels meta_schedule tunes are then exactly those ``build`` will look up in the log.
     """
+    from tvmamp.build import front_phases
+
     target, entry = converted.target, converted.entry
     with target:
-        passes = [
-            # Phase 1. target partitioning (BYOC) and library dispatch, as in tvmamp.build
-            *entry.partition_passes(target, converted.policy),
-            relax.backend.DispatchSampling(),
-            relax.backend.DispatchSortScan(),
-            # Phase 2. legalize to TIR and fuse
-            relax.transform.LegalizeOps(),
-            relax.transform.AnnotateTIROpPattern(),
-            relax.transform.FoldConstant(),
-            relax.transform.FuseOps(),
-            relax.transform.FuseTIR(),
-        ]
+        passes = front_phases(target, entry, converted.policy)
         return tvm.transform.Sequential(passes)(converted.mod)
 
 
