@@ -1,6 +1,7 @@
 """pyproject.toml installs every package folder, under the tvmamp import root only."""
 
 import os
+
 import tomllib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
