@@ -14,6 +14,8 @@ import os
 import subprocess
 import tempfile
 
+from bench_simplenet import torch_simplenet  # bench/ is on sys.path when run as a script
+
 _PEAK_C = r"""
 #include <immintrin.h>
 #include <stdio.h>
@@ -187,20 +189,6 @@ def _compile(mod, target):
     return relax.VirtualMachine(tvm.compile(mod, target=target), tvm.cpu())
 
 
-def _torch_simplenet(params: dict, layers: int):
-    """The tvmamp SimpleNet in torch, with the same weights."""
-    import torch
-
-    mods = []
-    for i in range(layers):
-        w = params[f"linear{i}.weight"]
-        lin = torch.nn.Linear(w.shape[1], w.shape[0])
-        lin.weight.data = torch.from_numpy(w)
-        lin.bias.data = torch.from_numpy(params[f"linear{i}.bias"])
-        mods += [lin] + ([torch.nn.ReLU()] if i < layers - 1 else [])
-    return torch.nn.Sequential(*mods).eval()
-
-
 def _autocast(net, x):
     import torch
 
@@ -233,7 +221,7 @@ def _simplenet_table(batch: int, target, repeat: int) -> None:
     x = np.random.default_rng(1).standard_normal((batch, 1024)).astype("float32")
     fp32 = tvmamp.build(mod, "O0", target, params=params)
     bf16 = tvmamp.build(mod, "O2", target, "bfloat16", params=params)
-    net = _torch_simplenet(params, 9)
+    net = torch_simplenet(params, 9)
     net_bf16 = copy.deepcopy(net).to(torch.bfloat16)
     tx, tx16 = torch.from_numpy(x), torch.from_numpy(x).bfloat16()
     arg = [tvm.runtime.tensor(x)]
