@@ -5,6 +5,7 @@ tdpbf16ps), then GEMMs, SimpleNet (batch 256 and 1) and a conv net, each timed i
 its comparisons (``tvmamp.benchmark.paired_medians``).
 
 Run: TVM_NUM_THREADS=1 python bench/bench_cpu_bf16.py [--threads 1] [--skip-large]
+[--only gemm|simplenet|convnet]
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import subprocess
 import tempfile
 
 from bench_simplenet import torch_simplenet  # bench/ is on sys.path when run as a script
+
+SECTIONS = ("gemm", "simplenet", "convnet")
 
 _PEAK_C = r"""
 #include <immintrin.h>
@@ -83,6 +86,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--skip-large", action="store_true", help="skip the 4096^3 GEMM")
     parser.add_argument("--kernel", choices=("auto", "vdpbf16ps"), default="auto")
+    parser.add_argument("--only", choices=SECTIONS, help="run one section (default: all)")
     args = parser.parse_args()
     os.environ["TVM_NUM_THREADS"] = str(args.threads)  # before TVM starts its thread pool
     peaks = measure_peaks()
@@ -94,9 +98,13 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     target = _target(args.threads, args.kernel)
     print(f"\ntarget: {target}\n")
-    bench_gemms(target, args, peaks)
-    bench_simplenet(target, args)
-    bench_convnet(target, args)
+    sections = {
+        "gemm": lambda: bench_gemms(target, args, peaks),
+        "simplenet": lambda: bench_simplenet(target, args),
+        "convnet": lambda: bench_convnet(target, args),
+    }
+    for name in [args.only] if args.only else SECTIONS:
+        sections[name]()
 
 
 def _target(threads: int, kernel: str):

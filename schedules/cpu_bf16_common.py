@@ -11,8 +11,10 @@ weights at compile time. :func:`tvmamp.schedules.cpu.cpu_schedule_passes` runs b
 from __future__ import annotations
 
 from tvm import s_tir, tirx
+from tvm.s_tir import TensorIntrin
 from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.schedule import SBlockRV
+from tvm.script import tirx as T
 from tvm.target import Target
 from tvm.target.codegen import llvm_cpu_has_features
 
@@ -24,6 +26,9 @@ PREPROC = "meta_schedule.layout_rewrite_preproc"
 # SplitLayoutRewritePreproc puts all marked blocks of a kernel into one function, which
 # FoldConstant could not evaluate if it also read an activation.
 PREPROC_ACTIVATION = "tvmamp.preproc_activation"
+# A weight-packing block whose loops are (K / 2, J / 32, 32, 2): tensorized with
+# PACK_PAIRS_INTRIN after it is split out (SplitLayoutRewritePreproc rejects tensorized blocks).
+PACK_PAIRS = "tvmamp.pack_pairs"
 
 
 def has_avx512bf16(target: Target) -> bool:
@@ -77,3 +82,66 @@ def reads_only_params(sch: s_tir.Schedule, block: SBlockRV) -> bool:
 def root_blocks(sch: s_tir.Schedule) -> list[SBlockRV]:
     """Return the blocks directly under the function's root block."""
     return list(sch.get_child_blocks(get_root_block(sch)))
+
+
+# Two rows of 32 bf16 -> two 16-column panels of pairs: one pair-interleaving step of the weight
+# packing, as two 64-byte loads, two shuffles and two 64-byte stores.
+PACK_PAIRS_INTRIN = "tvmamp_x86_pack_pairs_2x32"
+_PACK_LO = ", ".join(f"i32 {j}, i32 {j + 32}" for j in range(16))
+_PACK_HI = ", ".join(f"i32 {j}, i32 {j + 32}" for j in range(16, 32))
+PACK_PAIRS_LLVM_IR = f"""
+define linkonce_odr void @tvmamp_pack_pairs_2x32(ptr %d, i64 %ldd, ptr %s, i64 %lds) #0 {{
+  %s1 = getelementptr i8, ptr %s, i64 %lds
+  %d1 = getelementptr i8, ptr %d, i64 %ldd
+  %r0 = load <32 x i16>, ptr %s, align 2
+  %r1 = load <32 x i16>, ptr %s1, align 2
+  %lo = shufflevector <32 x i16> %r0, <32 x i16> %r1, <32 x i32> <{_PACK_LO}>
+  %hi = shufflevector <32 x i16> %r0, <32 x i16> %r1, <32 x i32> <{_PACK_HI}>
+  store <32 x i16> %lo, ptr %d, align 2
+  store <32 x i16> %hi, ptr %d1, align 2
+  ret void
+}}
+
+attributes #0 = {{ alwaysinline nounwind }}
+"""
+
+
+@T.prim_func(s_tir=True)
+def _pack_pairs_desc(s: T.handle, d: T.handle) -> None:
+    S = T.match_buffer(s, (2, 32), "bfloat16", offset_factor=1, strides=[T.int64(), 1])
+    D = T.match_buffer(d, (2, 1, 16, 2), "bfloat16", offset_factor=1, strides=[T.int64(), 32, 2, 1])
+    with T.sblock("root"):
+        T.reads(S[0:2, 0:32])
+        T.writes(D[0:2, 0:1, 0:16, 0:2])
+        for j, k in T.grid(32, 2):
+            with T.sblock("pack"):
+                vj, vk = T.axis.remap("SS", [j, k])
+                D[vj // 16, vk // 2, vj % 16, vk % 2] = S[vk, vj]
+
+
+@T.prim_func(s_tir=True)
+def _pack_pairs_impl(s: T.handle, d: T.handle) -> None:
+    lds = T.int64()
+    ldd = T.int64()
+    S = T.match_buffer(s, (2, 32), "bfloat16", offset_factor=1, strides=[lds, 1])
+    D = T.match_buffer(d, (2, 1, 16, 2), "bfloat16", offset_factor=1, strides=[ldd, 32, 2, 1])
+    with T.sblock("root"):
+        T.reads(S[0:2, 0:32])
+        T.writes(D[0:2, 0:1, 0:16, 0:2])
+        T.evaluate(
+            T.call_extern(
+                "void",
+                "tvmamp_pack_pairs_2x32",
+                T.address_of(D[0, 0, 0, 0]),
+                ldd * 2,
+                T.address_of(S[0, 0]),
+                lds * 2,
+            )
+        )
+
+
+def pack_pairs_intrin() -> str:
+    """Register (once) and return the weight-packing intrinsic: 2 rows x 32 columns."""
+    if TensorIntrin.get(PACK_PAIRS_INTRIN, allow_missing=True) is None:
+        TensorIntrin.register(PACK_PAIRS_INTRIN, _pack_pairs_desc, _pack_pairs_impl)
+    return PACK_PAIRS_INTRIN

@@ -15,6 +15,7 @@ from tvm.target import Target
 from . import cpu_bf16_amx as amx
 from . import x86_bf16_intrin as intrin
 from .cpu_bf16_common import (
+    PACK_PAIRS,
     PREPROC,
     has_amx_bf16,
     has_avx512bf16,
@@ -60,6 +61,12 @@ class CPUMatmulBF16(CPURule):
             Use the AMX kernel (:mod:`.x86_amx_intrin`) where the target has AMX-BF16.
         amx_min_rows : int
             Fewest rows for which the AMX kernel is used (it pads rows to 32).
+        amx_n_block : int
+            AMX: columns (a multiple of 32) whose packed weight slice stays in cache while
+            every 32-row block of the activation walks it.
+        amx_k_block : int
+            AMX: reduction values (a multiple of 32) per kernel call; a longer ``K`` is cut
+            into blocks that accumulate in memory.
         """
 
         tile_i: int = 8
@@ -68,6 +75,8 @@ class CPUMatmulBF16(CPURule):
         gemv_vectors_j: int = 4
         amx: bool = True
         amx_min_rows: int = 32
+        amx_n_block: int = 512
+        amx_k_block: int = 1024
 
     def __init__(self, config: Config | None = None):
         self.config = config or self.Config()
@@ -131,7 +140,9 @@ def schedule_matmul(
     normalize(sch, main)
     extents = [int(iv.dom.extent) for iv in sch.get(main).iter_vars]
     if use_amx(target, extents, config):
-        amx.schedule(sch, main, target, prepare(sch, main, target, amx.padding(), a_contiguous))
+        plan = amx.make_plan(extents, config.amx_n_block, config.amx_k_block)
+        prepare(sch, main, target, amx.padding(plan), a_contiguous, pack_a=amx.pack_tiles)
+        amx.schedule(sch, main, target, plan)
         return
     plan = make_plan(extents, config)
     prepare(sch, main, target, plan.padding, a_contiguous)
@@ -154,12 +165,18 @@ def use_amx(target: Target, extents: list[int], config: CPUMatmulBF16.Config) ->
 
 
 def prepare(
-    sch: s_tir.Schedule, main: SBlockRV, target: Target, padding: list[int], a_contiguous: bool
+    sch: s_tir.Schedule,
+    main: SBlockRV,
+    target: Target,
+    padding: list[int],
+    a_contiguous: bool,
+    pack_a=None,
 ) -> list[int]:
     """Pad the normalised block ``main`` by ``padding`` and pack ``B`` into pairs.
 
     ``A`` is read in place when it is K-contiguous and needs no padding; otherwise a padded
-    copy is made by an activation pre-processing block. Returns the padded extents.
+    copy is made by an activation pre-processing block. ``pack_a(sch, block)``, if given,
+    always packs ``A`` in that block instead (the AMX tile layout). Returns the padded extents.
     """
     extents = [int(iv.dom.extent) for iv in sch.get(main).iter_vars]
     if any(e % p for e, p in zip(extents, padding, strict=True)):
@@ -169,7 +186,11 @@ def prepare(
         auto_inline_producers(sch, block)
         if not reads_only_params(sch, block):
             raise NotApplicable("a packed operand is computed inside the kernel")
-    if a_contiguous and extents[1] % padding[1] == 0 and extents[3] % padding[3] == 0:
+    if pack_a is not None:
+        pack_a(sch, reindex_a)
+        _parallel_outer(sch, reindex_a, target)
+        mark_preproc(sch, reindex_a, weight=False)
+    elif a_contiguous and extents[1] % padding[1] == 0 and extents[3] % padding[3] == 0:
         sch.compute_inline(reindex_a)
     else:
         _copy_rows(sch, reindex_a, target)
@@ -180,17 +201,27 @@ def prepare(
 def _pack_pairs(sch: s_tir.Schedule, pack: SBlockRV, target: Target) -> None:
     """Lay ``B[S, J, K]`` out as ``[S, J / 16, K / 2, 16, 2]`` in a pre-processing block.
 
-    The copy loops follow the packed layout, so each 16-column pair row is one vector store.
+    With whole 32-column blocks the loops are ``(K / 2, J / 32, 32, 2)`` and the block is marked
+    :data:`.cpu_bf16_common.PACK_PAIRS`: :func:`.cpu_bf16_passes.tensorize_packs` interleaves
+    every two rows of 32 columns with wide loads and shuffles once the packing is split out.
+    Otherwise the copy loops follow the packed layout, one gathered vector per pair row.
     """
     lanes, pair = intrin.LANES, intrin.PAIR
     sch.transform_layout(
         pack, ("write", 0), lambda s, j, k: (s, j // lanes, k // pair, j % lanes, k % pair)
     )
     j, k = sch.get_loops(pack)[-2:]  # a unit S loop may be absent
-    j_outer, j_lane = sch.split(j, [None, lanes])
-    k_outer, k_pair = sch.split(k, [None, pair])
-    sch.reorder(j_outer, k_outer, j_lane, k_pair)
-    sch.vectorize(sch.fuse(j_lane, k_pair))
+    if int(sch.get(j).extent) % 32 == 0 and int(sch.get(k).extent) % pair == 0:
+        # Tensorized by cpu_bf16_passes.SplitPreproc once split out of the kernel.
+        j_outer, j_inner = sch.split(j, [None, 32])
+        k_outer, k_pair = sch.split(k, [None, pair])
+        sch.reorder(k_outer, j_outer, j_inner, k_pair)  # read B row by row
+        sch.annotate(pack, PACK_PAIRS, True)
+    else:
+        j_outer, j_lane = sch.split(j, [None, lanes])
+        k_outer, k_pair = sch.split(k, [None, pair])
+        sch.reorder(j_outer, k_outer, j_lane, k_pair)
+        sch.vectorize(sch.fuse(j_lane, k_pair))
     _parallel_outer(sch, pack, target)
     mark_preproc(sch, pack)
 

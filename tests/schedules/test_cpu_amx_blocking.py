@@ -1,0 +1,105 @@
+"""The AMX kernel's cache blocking (n/k blocks), tile-packed activations and tensorized packing."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import ml_dtypes
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+from tvm.s_tir import dlight as dl
+
+from tvmamp.schedules.cpu import CPUMatmulBF16
+from tvmamp.schedules.cpu_bf16_amx import make_plan
+from tvmamp.schedules.cpu_bf16_passes import SplitPreproc
+from tvmamp.targets.llvm import _host_flags
+
+AMX = tvm.target.Target({"kind": "llvm", "mcpu": "sapphirerapids", "num-cores": 1})
+LEGALIZE = [
+    relax.transform.LegalizeOps(),
+    relax.transform.AnnotateTIROpPattern(),
+    relax.transform.FoldConstant(),
+    relax.transform.FuseOps(),
+    relax.transform.FuseTIR(),
+]
+
+
+@pytest.mark.parametrize(
+    ("extents", "n_block", "k_block", "expected"),
+    [
+        ([1, 1024, 1024, 1024], 512, 1024, (512, 1024, 1024)),  # one K block: local tiles
+        ([1, 257, 1024, 4096], 512, 1024, (512, 1024, 4096)),  # four K blocks
+        ([1, 64, 999, 3000], 512, 1024, (512, 1024, 3072)),  # 94 steps: 3 x 32 steps
+        ([1, 64, 544, 2100], 512, 1024, (32, 704, 2112)),  # 17 panels; 66 steps: 3 x 22
+        ([1, 64, 96, 37], 512, 1024, (96, 64, 64)),
+    ],
+)
+def test_plan_balances_k_blocks_and_divides_columns(extents, n_block, k_block, expected):
+    plan = make_plan(extents, n_block, k_block)
+    assert (plan.n_block, plan.k_block, plan.k_padded) == expected
+    assert plan.k_blocked == (expected[2] > expected[1])
+
+
+@pytest.mark.parametrize(("n_block", "k_block"), [(100, 1024), (512, 0), (512, 48)])
+def test_plan_rejects_blocks_that_are_not_multiples_of_32(n_block, k_block):
+    with pytest.raises(ValueError, match="not a positive multiple of 32"):
+        make_plan([1, 64, 64, 64], n_block, k_block)
+
+
+def _gemm_relu(m: int, k: int, n: int, weight=None) -> tvm.IRModule:
+    """``relu(x[m, k] @ w[k, n])`` in bf16 with fp32 output; ``w`` a constant when given."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((m, k), "bfloat16"))
+    w = relax.Var("w", relax.TensorType((k, n), "bfloat16"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            out = bb.emit(relax.op.matmul(x, w, out_dtype="float32"))
+            out = bb.emit_output(relax.op.nn.relu(out))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    if weight is not None:
+        mod["main"] = mod["main"].bind_params({"w": relax.const(weight, "bfloat16")})
+    return mod
+
+
+def _schedule(mod: tvm.IRModule, config: CPUMatmulBF16.Config) -> tvm.IRModule:
+    passes = [*LEGALIZE, dl.ApplyDefaultSchedule(CPUMatmulBF16(config)), SplitPreproc()]
+    with AMX:
+        return tvm.transform.Sequential(passes)(mod)
+
+
+def _kernel_text(mod: tvm.IRModule) -> str:
+    funcs = [f for _, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    return "\n".join(f.script() for f in funcs)
+
+
+@pytest.mark.parametrize(("m", "k", "n"), [(70, 2100, 100), (64, 1024, 64), (33, 96, 544)])
+@pytest.mark.parametrize("constant", [True, False], ids=["const_w", "runtime_w"])
+def test_k_blocked_kernel_matches_float64(rng, m, k, n, constant):
+    if "amx_bf16" not in _host_flags():
+        pytest.skip("the host CPU lacks amx_bf16")
+    config = dataclasses.replace(CPUMatmulBF16.Config(), amx_n_block=64, amx_k_block=512)
+    a = rng.standard_normal((m, k)).astype(ml_dtypes.bfloat16)
+    b = rng.standard_normal((k, n)).astype(ml_dtypes.bfloat16)
+    mod = _schedule(_gemm_relu(m, k, n, b if constant else None), config)
+    text = _kernel_text(mod)
+    assert "tvmamp_amx_bf16_32x32" in text
+    acc = [line for line in text.splitlines() if "C = T.match_buffer" in line]
+    # One K block: 32 x 32 local tiles; several: a global fp32 buffer accumulates across them.
+    assert acc and all(('scope="local"' in line) == (k <= 512) for line in acc), acc
+    vm = relax.VirtualMachine(tvm.compile(mod, target=AMX), tvm.cpu())
+    args = [tvm.runtime.tensor(a)] + ([] if constant else [tvm.runtime.tensor(b)])
+    out = vm["main"](*args).numpy()
+    ref = np.maximum(a.astype("float64") @ b.astype("float64"), 0)
+    assert np.abs(out - ref).max() / np.abs(ref).max() <= 1e-2
+
+
+def test_unpadded_weight_packing_is_tensorized_and_padded_is_vectorised():
+    config = CPUMatmulBF16.Config()
+    aligned = _kernel_text(_schedule(_gemm_relu(64, 128, 96), config))
+    padded = _kernel_text(_schedule(_gemm_relu(64, 127, 99), config))
+    assert "tvmamp_pack_pairs_2x32" in aligned  # two rows x 32 columns per call
+    assert "tvmamp_pack_pairs_2x32" not in padded  # guarded reads: the vectorised gather
+    assert "T.vectorized" in padded.split("weight_prepack")[-1]
