@@ -1,21 +1,29 @@
-"""Rewrite bf16 NCHW conv2d into im2col + matmul, so that the bf16 GEMM kernels run convolutions.
+"""Rewrite bf16 NCHW conv2d into im2col + matmul on NHWC rows, so that GEMM kernels run convs.
 
 The CPU bf16 kernels (``vdpbf16ps`` and AMX, :mod:`tvmamp.schedules.cpu_bf16_matmul`) are GEMM
 kernels. A convolution ``O[n, f, y, x] = sum W[f, c, ky, kx] * D[n, c, y*s + ky*d, x*s + kx*d]``
-becomes ``col[n*y*x, (ky*kx)*c] @ W2[(ky*kx)*c, f]``: ``col`` is gathered by one injective
-kernel (padding included; channels innermost, so that a previous conv's NHWC result is read
-contiguously once its transpose is inlined), ``W2`` is the weight transposed to
-``[ky, kx, c, f]`` and flattened, which ``FoldConstant``
-evaluates at compile time when the weight is a constant (and the GEMM rule then packs it, also
-at compile time), and the result is reshaped and transposed back to NCHW, where the batch-norm
-and activation epilogues that follow the conv fuse into that transpose.
+becomes ``col[n*OH*OW, (ky*KW + kx)*C + c] @ W2[(ky*KW + kx)*C + c, f]``: ``W2`` is the weight
+transposed to ``[ky, kx, c, f]`` and flattened (``FoldConstant`` evaluates it at compile time,
+and the GEMM rule then packs it), and ``col`` is gathered from the input in *NHWC rows*
+``[n*H*W, C]`` by a kernel of its own (:mod:`.conv2d_im2col`), one contiguous channel vector per
+pixel and tap.
+
+The GEMM result ``[n*OH*OW, F]`` is those rows for the next layer, so it stays in that layout:
+the elementwise ops that follow (casts, per-channel bias, inference batch-norm, activations,
+residual adds of two such values) are rewritten on the rows, where ``FuseOps`` fuses them into
+the GEMM's epilogue, and a following conv gathers straight from them. A value goes back to
+NCHW (reshape + transpose) only where something else uses it, so the program's NCHW semantics
+are unchanged. Inputs are transposed to rows once, before their first conv.
 """
 
 from __future__ import annotations
 
 import tvm
-from tvm import relax, te, tirx
+from tvm import relax, tirx
 from tvm.relax import PyExprMutator
+
+from .conv2d_im2col import Geometry, emit_im2col
+from .conv2d_rows import Rows, rows_call
 
 _CONV = tvm.ir.Op.get("relax.nn.conv2d")
 
@@ -27,8 +35,8 @@ class Conv2dToGemm:
     Parameters
     ----------
     dtype : str
-        The input dtype of the convolutions to rewrite ("bfloat16" by default); others are
-        left alone.
+        The input dtype of the convolutions to rewrite ("bfloat16" by default); others, and
+        the ops around them, are left alone.
     """
 
     def __init__(self, dtype: str = "bfloat16"):
@@ -43,7 +51,8 @@ class Conv2dToGemm:
         return rewriter.builder_.get()
 
 
-def _static_shape(expr: relax.Expr) -> list[int] | None:
+def static_shape(expr: relax.Expr) -> list[int] | None:
+    """Return the shape of a tensor-typed ``expr`` when every dimension is a constant."""
     shape = expr.ty.shape if isinstance(expr.ty, relax.TensorType) else None
     if shape is None or not all(isinstance(s, tirx.IntImm) for s in shape):
         return None
@@ -58,65 +67,76 @@ def _rewritable(call: relax.Call, dtype: str) -> bool:
         return False
     data, weight = call.args
     dtypes = {str(data.ty.dtype), str(weight.ty.dtype)}
-    return dtypes == {dtype} and None not in (_static_shape(data), _static_shape(weight))
+    return dtypes == {dtype} and None not in (static_shape(data), static_shape(weight))
 
 
 @relax.expr_functor.mutator
 class _Rewriter(PyExprMutator):
-    """Replaces each matching conv2d by im2col, matmul, reshape and transpose."""
+    """Replaces convs by im2col + matmul and keeps their results (and what follows) as rows.
+
+    ``self.rows`` maps an original dataflow variable to the :class:`Rows` that hold its value;
+    the variable itself is not emitted unless a use needs it (:meth:`_nchw`).
+    """
 
     def __init__(self, mod: tvm.IRModule, dtype: str):
         super().__init__(mod)
         self.dtype = dtype
+        self.rows: dict[relax.Var, Rows] = {}
+        self.nchw: dict[relax.Var, relax.Var] = {}
 
-    def visit_call_(self, call: relax.Call) -> relax.Expr:  # pylint: disable=arguments-renamed
-        call = super().visit_call_(call)
-        if call.op != _CONV or not _rewritable(call, self.dtype):
-            return call
+    def visit_var_binding_(self, binding: relax.VarBinding) -> None:
+        """Bind a value that is (or becomes) rows without emitting its NCHW form."""
+        var, value = binding.var, binding.value
+        rows = self._as_rows(value)
+        if rows is not None and isinstance(var, relax.DataflowVar):
+            self.rows[var] = rows
+            return
+        if rows is not None:  # a dataflow output: its NCHW value, bound to the same variable
+            rows.to_nchw(self.builder_, var)
+            return
+        if isinstance(value, relax.TupleGetItem) and value.index > 0:
+            source = self.rows.get(value.tuple_value)
+            if source is not None and source.extras:  # a batch-norm's moving mean or variance
+                item = source.extras[value.index - 1]
+                self.builder_.emit_normalized(relax.VarBinding(var, item))
+                return
+        super().visit_var_binding_(binding)
+
+    def visit_dataflow_var_(self, var: relax.DataflowVar) -> relax.Expr:
+        """A use outside the rows rewrite: the NCHW value, materialised once."""
+        if var in self.rows:
+            return self._nchw(var)
+        return super().visit_dataflow_var_(var)
+
+    def _as_rows(self, value: relax.Expr) -> Rows | None:
+        """Return ``value`` computed on rows, or ``None`` when it is not rewritten."""
+        if isinstance(value, relax.Call) and value.op == _CONV:
+            return self._conv(value) if _rewritable(value, self.dtype) else None
+        return rows_call(self.builder_, value, self.rows, self._visit_arg)
+
+    def _visit_arg(self, arg: relax.Expr) -> relax.Expr:
+        return self.visit_expr(arg)
+
+    def _conv(self, call: relax.Call) -> Rows:
         data, weight = call.args
-        n, c, h, w = _static_shape(data)
-        f, _, kh, kw = _static_shape(weight)
-        geometry = _Geometry.of(call.attrs, h, w, kh, kw)
+        g = Geometry.of(call.attrs, static_shape(data), static_shape(weight))
         bb = self.builder_
-        col = bb.emit(bb.call_te(lambda x: _im2col(x, geometry), data, primfunc_name_hint="im2col"))
-        hwio = relax.op.permute_dims(weight, (2, 3, 1, 0))
-        w2 = bb.emit(relax.op.reshape(hwio, (kh * kw * c, f)))
+        col = emit_im2col(bb, self._input_rows(data, g), g)
+        f = static_shape(weight)[0]
+        hwio = relax.op.permute_dims(self.visit_expr(weight), (2, 3, 1, 0))
+        w2 = bb.emit(relax.op.reshape(hwio, (g.kh * g.kw * g.c, f)))
         out_dtype = str(call.attrs.out_dtype) or self.dtype
         gemm = bb.emit(relax.op.matmul(col, w2, out_dtype=out_dtype))
-        nhwc = bb.emit(relax.op.reshape(gemm, (n, geometry.out_h, geometry.out_w, f)))
-        return relax.op.permute_dims(nhwc, (0, 3, 1, 2))
+        return Rows(gemm, g.n, g.out_h, g.out_w, f)
 
+    def _input_rows(self, data: relax.Expr, g: Geometry) -> relax.Expr:
+        """``data`` as rows ``[n*H*W, C]``: as it is when tracked, else transposed once."""
+        if isinstance(data, relax.DataflowVar) and data in self.rows:
+            return self.rows[data].var
+        nhwc = relax.op.permute_dims(self.visit_expr(data), (0, 2, 3, 1))
+        return self.builder_.emit(relax.op.reshape(nhwc, (g.n * g.h * g.w, g.c)))
 
-class _Geometry:
-    """Strides, dilations, padding and output size of one conv2d."""
-
-    def __init__(self, stride, dilation, pad, out_h, out_w, kh, kw):
-        self.stride, self.dilation, self.pad = stride, dilation, pad
-        self.out_h, self.out_w, self.kh, self.kw = out_h, out_w, kh, kw
-
-    @classmethod
-    def of(cls, attrs, h: int, w: int, kh: int, kw: int) -> _Geometry:
-        """Read ``attrs`` of a conv2d with input ``h x w`` and kernel ``kh x kw``."""
-        stride = [int(s) for s in attrs.strides]
-        dilation = [int(d) for d in attrs.dilation]
-        pad = [int(p) for p in attrs.padding]  # top, left, bottom, right
-        out_h = (h + pad[0] + pad[2] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
-        out_w = (w + pad[1] + pad[3] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
-        return cls(stride, dilation, pad, out_h, out_w, kh, kw)
-
-
-def _im2col(data: te.Tensor, g: _Geometry) -> te.Tensor:
-    """``col[n*OH*OW + y*OW + x, (ky*KW + kx)*C + c]``, zero outside the input."""
-    n, c, h, w = (int(s) for s in data.shape)
-    rows, cols = n * g.out_h * g.out_w, c * g.kh * g.kw
-
-    def gather(r, q):
-        b, pix = r // (g.out_h * g.out_w), r % (g.out_h * g.out_w)
-        tap, ch = q // c, q % c
-        iy = pix // g.out_w * g.stride[0] + tap // g.kw * g.dilation[0] - g.pad[0]
-        ix = pix % g.out_w * g.stride[1] + tap % g.kw * g.dilation[1] - g.pad[1]
-        inside = tirx.all(iy >= 0, iy < h, ix >= 0, ix < w)
-        value = data[b, ch, tirx.max(tirx.min(iy, h - 1), 0), tirx.max(tirx.min(ix, w - 1), 0)]
-        return tirx.if_then_else(inside, value, tirx.const(0, data.dtype))
-
-    return te.compute((rows, cols), gather, name="im2col")
+    def _nchw(self, var: relax.DataflowVar) -> relax.Var:
+        if var not in self.nchw:
+            self.nchw[var] = self.rows[var].to_nchw(self.builder_)
+        return self.nchw[var]

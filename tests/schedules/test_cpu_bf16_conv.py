@@ -1,0 +1,151 @@
+"""bf16 convs on NHWC rows: the im2col gather, chained convs with batch-norm and residuals."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+import tvmamp
+import tvmamp.models
+from tvmamp.build import front_phases
+from tvmamp.relay_passes.conv2d_im2col import Geometry, emit_im2col
+from tvmamp.targets.llvm import _host_flags
+
+BF16 = "bfloat16"
+AMX = "llvm -mcpu=sapphirerapids -num-cores=1"
+TARGETS = [
+    pytest.param("llvm -mcpu=znver4 -num-cores=1", "vdpbf16ps", "avx512_bf16", id="vdpbf16ps"),
+    pytest.param(AMX, "tdpbf16ps", "amx_bf16", id="amx"),
+]
+
+
+def _needs_host(flag: str) -> None:
+    if flag not in _host_flags():
+        pytest.skip(f"the host CPU lacks {flag}")
+
+
+class _Attrs:
+    def __init__(self, stride, dilation, pad):
+        self.strides, self.dilation, self.padding = stride, dilation, pad
+
+
+def _numpy_im2col(x: np.ndarray, g: Geometry) -> np.ndarray:
+    """Reference gather from NCHW ``x``: rows are output pixels, columns (ky, kx, c)."""
+    pt, pl, pb, pr = g.pad
+    padded = np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)))
+    cols = np.empty((g.n, g.out_h, g.out_w, g.kh, g.kw, g.c), x.dtype)
+    for ky in range(g.kh):
+        for kx in range(g.kw):
+            y0, x0 = ky * g.dilation[0], kx * g.dilation[1]
+            win = padded[:, :, y0 : y0 + g.stride[0] * g.out_h : g.stride[0]]
+            win = win[:, :, :, x0 : x0 + g.stride[1] * g.out_w : g.stride[1]]
+            cols[:, :, :, ky, kx, :] = win.transpose(0, 2, 3, 1)
+    return cols.reshape(g.n * g.out_h * g.out_w, g.kh * g.kw * g.c)
+
+
+@pytest.mark.parametrize(
+    ("shape", "kernel", "stride", "dilation", "pad"),
+    [
+        ((2, 3, 9, 7), (3, 3), (2, 2), (2, 1), (0, 1, 2, 1)),  # odd channels, asymmetric
+        ((1, 64, 6, 5), (3, 3), (1, 1), (1, 1), (1, 1, 1, 1)),  # two vectors per tap
+        ((1, 40, 5, 5), (5, 3), (1, 2), (1, 1), (2, 1, 2, 1)),  # channels not a vector multiple
+    ],
+)
+def test_im2col_gather_matches_numpy(rng, shape, kernel, stride, dilation, pad):
+    n, c, h, w = shape
+    g = Geometry.of(_Attrs(stride, dilation, pad), list(shape), [1, c, *kernel])
+    bb = relax.BlockBuilder()
+    rows = relax.Var("rows", relax.TensorType((n * h * w, c), BF16))
+    with bb.function("main", [rows]):
+        with bb.dataflow():
+            out = bb.emit_output(emit_im2col(bb, rows, g))
+        bb.emit_func_output(out)
+    x = rng.standard_normal(shape).astype(ml_dtypes.bfloat16)
+    exe = tvmamp.build(bb.get(), "O0", "llvm -num-cores=1")
+    got = np.asarray(exe(x.transpose(0, 2, 3, 1).reshape(n * h * w, c)))
+    np.testing.assert_array_equal(got.astype("float32"), _numpy_im2col(x, g).astype("float32"))
+
+
+def _conv_chain(rng, n=2, c=5, f=33, size=(11, 9)):
+    """conv 3x3 + BN + relu, conv stride 2 + bias, conv + residual + relu, max-pool; fp32."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((n, c, *size), "float32"))
+
+    def const(*shape, scale=1.0, offset=0.0):
+        return relax.const((rng.standard_normal(shape) * scale + offset).astype("float32"))
+
+    def conv(data, c_in, c_out, **kw):
+        w = const(c_out, c_in, 3, 3, scale=1 / np.sqrt(9 * c_in))
+        return bb.emit(relax.op.nn.conv2d(data, w, padding=1, **kw))
+
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = conv(x, c, 7)
+            bn = relax.op.nn.batch_norm(
+                y, const(7, scale=0.1, offset=1.0), const(7, scale=0.1), const(7, scale=0.1),
+                relax.const(rng.uniform(0.5, 1.5, 7).astype("float32")), axis=1, training=False,
+            )  # fmt: skip
+            y = bb.emit(relax.op.nn.relu(bb.emit(relax.TupleGetItem(bb.emit(bn), 0))))
+            y = bb.emit(relax.op.add(conv(y, 7, f, strides=2), const(1, f, 1, 1)))
+            z = bb.emit(relax.op.nn.relu(bb.emit(relax.op.add(conv(y, f, f), y))))
+            pool = bb.emit(relax.op.nn.max_pool2d(z, pool_size=[2, 2], strides=[2, 2]))
+            out = bb.emit_output(relax.Tuple([pool, z]))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize(("target", "instruction", "flag"), TARGETS)
+def test_conv_chain_matches_fp32(rng, target, instruction, flag):
+    _needs_host(flag)
+    mod = _conv_chain(rng)
+    x = rng.standard_normal((2, 5, 11, 9)).astype("float32")
+    refs = tvmamp.build(mod, "O0", target)(x)
+    exe = tvmamp.build(mod, "O2", target, BF16)
+    assert instruction in exe.get_source("asm")
+    for out, ref in zip(exe(x), refs, strict=True):
+        err = np.abs(np.asarray(out, "float64") - ref).max() / np.abs(ref).max()
+        assert err <= 1e-2
+
+
+def _kernels(mod, params, target: str) -> list[str]:
+    """The names of the kernels ``main`` calls after fusion, in order."""
+    converted = tvmamp.convert(mod, "O2", target, BF16, params=params)
+    with converted.target:
+        phases = front_phases(converted.target, converted.entry, converted.policy)
+        fused = tvm.transform.Sequential(phases)(converted.mod)
+    names = []
+
+    def visit(expr):
+        if (
+            isinstance(expr, relax.Call)
+            and expr.args
+            and isinstance(expr.args[0], tvm.ir.GlobalVar)
+        ):
+            names.append(expr.args[0].name_hint)
+
+    relax.analysis.post_order_visit(fused["main"], visit)
+    return names
+
+
+def test_convnet_fuses_epilogues_and_transposes_only_at_the_ends():
+    mod, params = tvmamp.models.conv_net(channels=16, size=12, blocks=3)
+    kernels = _kernels(mod, params, AMX)
+    # conv + bias + batch-norm (folded to scale and shift) + relu: one kernel per conv
+    gemms = [k for k in kernels if k.startswith("fused_matmul") and "_relu" in k]
+    assert len(gemms) == 3, kernels
+    assert [k for k in kernels if "im2col" in k] == ["im2col", "im2col1", "im2col1"], kernels
+    assert sum("transpose" in k for k in kernels) == 2, kernels  # the input and the output
+
+
+def test_convnet_model_matches_fp32(rng):
+    _needs_host("amx_bf16")
+    mod, params = tvmamp.models.conv_net(channels=32, size=14, blocks=3)
+    x = rng.standard_normal((1, 3, 14, 14)).astype("float32")
+    ref = tvmamp.build(mod, "O0", AMX, params=params)(x)
+    exe = tvmamp.build(mod, "O2", AMX, BF16, params=params)
+    assert "tdpbf16ps" in exe.get_source("asm")
+    err = np.abs(np.asarray(exe(x), "float64") - ref).max() / np.abs(ref).max()
+    assert err <= 1e-2
