@@ -259,6 +259,10 @@ class _Rewriter(PyExprMutator):
                 reason = "custom_fp32_nodes" if forced == "float32" else "custom_low_nodes"
             self.report.forced.append(ForcedNode(var.name, op_name, forced, reason))
             dtype = forced
+        if dtype != "float32" and op_name in self.policy.unsupported:
+            why = f"no {dtype} kernel for {op_name} on this target"
+            self.report.forced.append(ForcedNode(var.name, op_name, "float32", why))
+            dtype, reason = "float32", "unsupported"
         if dtype != "float32" and any(self._overflows(e, dtype) for e in inputs):
             why = f"a constant input exceeds the {dtype} range"
             self.report.forced.append(ForcedNode(var.name, op_name, "float32", why))

@@ -183,3 +183,20 @@ def test_bf16_constant_fill_kernels_build():
     out, zeros = tvmamp.build(bb.get(), "O0", TARGET)(data)
     assert zeros.shape == (64, 64) and not zeros.astype("float32").any()
     np.testing.assert_array_equal(out, data + data)
+
+
+@pytest.mark.parametrize(
+    "name,norm", [("transformer", "relax.nn.layer_norm"), ("conv_bn_relu", "relax.nn.batch_norm")]
+)
+def test_o3_bf16_keeps_ops_without_bf16_kernels_in_fp32(fp32_outputs, name, norm):
+    """TVM cannot lower layer_norm or batch_norm in bf16: O3 bf16 used to fail to build."""
+    mod, params, inputs, reference = fp32_outputs[name]
+    exe = tvmamp.build(mod, "O3", TARGET, dtype="bfloat16", params=params)
+    norms = [n for n in exe.stats.nodes if n.op == norm]
+    assert norms and all(n.dtype == "float32" for n in norms)
+    assert 0 < max_rel_error(exe(*inputs), reference) <= 5e-2
+    forced = tvmamp.convert(
+        mod, "O3", TARGET, "bfloat16", params, node_dtypes={norms[0].node: "low"}
+    )
+    node = next(n for n in forced.report.nodes if n.node == norms[0].node)
+    assert (node.dtype, node.reason) == ("float32", "unsupported")

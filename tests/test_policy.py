@@ -51,6 +51,21 @@ def test_bf16_policy_uses_bf16():
     assert Policy.for_level("O2", BF16).compute_dtype("relax.nn.relu", [F32]) == BF16
 
 
+@pytest.mark.parametrize("level", ["O1", "O2", "O3"])
+def test_ops_without_bf16_kernels_stay_fp32(level):
+    """TVM lowers layer_norm only in fp32/fp16: in bf16 it is fp32 even at O3."""
+    assert Policy.for_level(level, BF16).compute_dtype("relax.nn.layer_norm", [BF16]) == F32
+    assert Policy.for_level(level, F16).compute_dtype("relax.nn.layer_norm", [F16]) in (F16, F32)
+    assert Policy.for_level("O3", F16).compute_dtype("relax.nn.layer_norm", [F32]) == F16
+
+
+def test_target_unsupported_ops_stay_fp32_at_o3_and_refuse_white_list():
+    policy = Policy.for_level("O3", F16, unsupported_low_ops=["relax.exp"])
+    assert policy.compute_dtype("relax.exp", [F16]) == F32
+    with pytest.raises(ValueError, match="relax.exp cannot run in float16"):
+        Policy.for_level("O1", F16, custom_white_list=["exp"], unsupported_low_ops=["relax.exp"])
+
+
 @pytest.mark.parametrize(
     "alias,relax_name",
     [

@@ -186,6 +186,17 @@ FOLLOW = (
     "relax.zeros_like",
 )
 
+# Ops that TVM cannot lower in bfloat16 on any target: topi's layer_norm, group_norm and
+# instance_norm accept only float32 and float16, and topi's batch_norm returns float32 for a
+# bfloat16 input (its epsilon promotes), which breaks FuseTIR. They stay fp32 at every level,
+# O3 included.
+NO_BFLOAT16 = (
+    "relax.nn.batch_norm",
+    "relax.nn.group_norm",
+    "relax.nn.instance_norm",
+    "relax.nn.layer_norm",
+)
+
 # Ops whose output dtype the program fixes (an explicit dtype attribute), ops that do not compute
 # on floats, and runtime builtins. ``relax.astype`` and ``relax.wrap_param`` are explicit casts:
 # the pass feeds them whatever dtype it has and drops them when they become no-ops.

@@ -117,8 +117,11 @@ class Policy:
         Glob patterns on binding or parameter names that force a node to fp32 or to low.
     node_dtypes : dict
         Exact per-node assignment, node id (``"main/lv3"``, see ``AmpReport.nodes``) ->
-        ``"float32"`` or ``"low"``. It wins over every other rule but the overflow guard; a
-        precision plan is applied through it.
+        ``"float32"`` or ``"low"``. It wins over every other rule but the overflow guard and
+        ``unsupported``; a precision plan is applied through it.
+    unsupported : frozenset of str
+        Ops with no ``low_dtype`` kernel (on the target, or in TVM for bfloat16): fp32 at every
+        level and whatever the per-node rules say.
     """
 
     level: str
@@ -128,6 +131,7 @@ class Policy:
     fp32_nodes: tuple = ()
     low_nodes: tuple = ()
     node_dtypes: dict = dataclasses.field(default_factory=dict)
+    unsupported: frozenset = frozenset()
 
     @classmethod
     def for_level(
@@ -146,7 +150,8 @@ class Policy:
         """Build the policy for a level, with the user's list edits and the target's limits.
 
         ``unsupported_low_ops`` comes from the target entry: ops that cannot run in ``dtype``
-        there are moved to the black list (they stay fp32 at every level).
+        there. They, and the ops TVM cannot lower in bfloat16 (``op_lists.NO_BFLOAT16``), are
+        moved to the black list and stay fp32 at every level, O3 included.
         """
         check_level(level, "tvmamp.Policy")
         check_dtype(dtype, "tvmamp.Policy")
@@ -171,9 +176,17 @@ class Policy:
                     "be put on the white or black list"
                 )
             categories[name] = Category.WHITE if name in white else Category.BLACK
-        for name in unsupported_low_ops:
-            if name not in white:
-                categories[name] = Category.BLACK
+        unsupported = frozenset(unsupported_low_ops) | frozenset(
+            op_lists.NO_BFLOAT16 if dtype == "bfloat16" else ()
+        )
+        forced_low = sorted(white & unsupported)
+        if forced_low:
+            raise ValueError(
+                f"tvmamp.Policy: {', '.join(forced_low)} cannot run in {dtype} on this target "
+                "and cannot be put on the white list; keep it fp32 or choose another dtype"
+            )
+        for name in unsupported:
+            categories[name] = Category.BLACK
         return cls(
             level=level,
             low_dtype=dtype,
@@ -182,6 +195,7 @@ class Policy:
             fp32_nodes=_check_patterns(custom_fp32_nodes, "custom_fp32_nodes"),
             low_nodes=_check_patterns(custom_low_nodes, "custom_low_nodes"),
             node_dtypes=_check_node_dtypes(node_dtypes),
+            unsupported=unsupported,
         )
 
     def category(self, op_name: str) -> Category:
@@ -196,6 +210,8 @@ class Policy:
         category = self.category(op_name)
         if self.level == "O0" or category is Category.FIXED or not input_dtypes:
             return None
+        if op_name in self.unsupported:
+            return "float32"
         low = self.low_dtype
         widest = "float32" if any(d == "float32" for d in input_dtypes) else low
         if self.level == "O3":
