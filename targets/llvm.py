@@ -138,10 +138,12 @@ def schedule_passes(target: tvm.target.Target) -> list:
 
 
 def partition_passes(target: tvm.target.Target, _policy) -> list:
-    """With avx512_bf16, bf16 convolutions become im2col + GEMM to run on the bf16 GEMM kernels."""
+    """Low exp/erf/tanh/gelu/softmax get vectorised fast kernels; with avx512_bf16, bf16
+    convolutions become im2col + GEMM to run on the bf16 GEMM kernels."""
     from tvmamp.relay_passes.conv2d_to_gemm import Conv2dToGemm
+    from tvmamp.relay_passes.fast_math import LowPrecisionFastMath
 
-    return [Conv2dToGemm("bfloat16")] if has_bf16(target) else []
+    return [LowPrecisionFastMath(), *([Conv2dToGemm("bfloat16")] if has_bf16(target) else [])]
 
 
 ENTRY = register_target(
