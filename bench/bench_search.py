@@ -3,8 +3,11 @@
 For each model: error on the calibration inputs and on held-out inputs (max relative output
 error against the fp32 build), and single-thread latency, all timed interleaved.
 
+The classifiers (ResNet-18, MobileNetV2) are judged by top-1 agreement with fp32 on 16 images
+(``--top1-budget``, 0 = every arg-max class kept); the other models by the output budget.
+
 Run: TVM_NUM_THREADS=1 python bench/bench_search.py [--models simplenet,transformer,...]
-     [--dtype bfloat16] [--budget 5e-3] [--time-limit 300]
+     [--dtype bfloat16] [--budget 5e-3] [--top1-budget 0] [--time-limit 300]
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ def _suite(name, **kwargs):
         from tvmamp import suite
 
         mod, params = suite.load(name, **kwargs)
-        samples = [suite.example_inputs(name, seed=seed + i, **kwargs)[0] for i in range(6)]
+        samples = [suite.example_inputs(name, seed=seed + i, **kwargs)[0] for i in range(16)]
         return mod, params, samples
 
     return load
@@ -54,17 +57,24 @@ MODELS = {
     "simplenet": _builtin("simplenet", lambda: models.simple_net(batch=64), _shape),
     "convnet": _builtin("convnet", lambda: models.conv_net(batch=1, channels=32, size=32), _shape),
     "transformer": _builtin("transformer", models.transformer_layer, _shape),
+    "transformer_l": _builtin(
+        "transformer_l", lambda: models.transformer_layer(batch=4, seq=128, dim=256), _shape
+    ),
     "overflow(fp16)": _builtin("overflow", models.overflow_net, _shape),
     "resnet18": _suite("resnet18", batch=1, image_size=64),
     "mobilenet_v2": _suite("mobilenet_v2", batch=1, image_size=64),
 }
 
 
+CLASSIFIERS = ("resnet18", "mobilenet_v2")
+
+
 def run_model(name, load, dtype, budget, time_limit):
     """One table row per level: (level, calib err, held-out err, ms)."""
     mod, params, samples = load(seed=3)
     dtype = "float16" if "fp16" in name else dtype
-    calib, held = samples[:-2], samples[-2:]
+    n_held = len(samples) // 4
+    calib, held = samples[:-n_held], samples[-n_held:]
     start = time.perf_counter()
     plan = tvmamp.search_precision(
         mod,
@@ -74,7 +84,7 @@ def run_model(name, load, dtype, budget, time_limit):
         budget,
         params,
         time_limit_s=time_limit,
-        holdout=2 / len(samples),
+        holdout=n_held / len(samples),
         progress=False,
     )
     search_s = time.perf_counter() - start
@@ -82,6 +92,7 @@ def run_model(name, load, dtype, budget, time_limit):
     exes = {
         "O1": tvmamp.build(mod, "O1", TARGET, dtype, params),
         "O2": tvmamp.build(mod, "O2", TARGET, dtype, params),
+        "O3": tvmamp.build(mod, "O3", TARGET, dtype, params),
         "plan": tvmamp.build(mod, target=TARGET, params=params, plan=plan),
         "fp32": ref,
     }
@@ -100,16 +111,24 @@ def main() -> None:
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--budget", type=float, default=5e-3)
+    parser.add_argument("--top1-budget", type=float, default=0.0)
     parser.add_argument("--time-limit", type=float, default=300.0)
     args = parser.parse_args()
     os.environ.setdefault("TVM_NUM_THREADS", "1")
-    budget = ErrorBudget(args.budget)
-    print(f"budget: max relative output error {args.budget:g}; one thread; target {TARGET}")
+    print(
+        f"budget: max relative output error {args.budget:g}, classifiers top-1 changes "
+        f"{args.top1_budget:g}; one thread; target {TARGET}"
+    )
     print(
         f"{'model':<16} {'dtype':<9} {'level':<5} {'calib err':>10} {'held err':>10} "
         f"{'ms':>9} {'fp32 nodes':>10}"
     )
     for name in args.models.split(","):
+        budget = (
+            ErrorBudget(args.top1_budget, "top1")
+            if name in CLASSIFIERS
+            else ErrorBudget(args.budget)
+        )
         dtype, plan, search_s, rows = run_model(
             name, MODELS[name], args.dtype, budget, args.time_limit
         )
@@ -119,7 +138,10 @@ def main() -> None:
                 f"{name:<16} {dtype:<9} {level:<5} {err:>10.2e} {held:>10.2e} {ms:>9.3f} "
                 f"{extra:>10}"
             )
-        print(f"{name:<16} search took {search_s:.0f} s, {plan.metrics['builds']} builds")
+        print(
+            f"{name:<16} search took {search_s:.0f} s, {plan.metrics['builds']} builds; "
+            f"metric {budget.name}; plans compared (ms): {plan.metrics.get('compared_ms')}"
+        )
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from tvmamp.policy import Policy, check_dtype, check_level
+from tvmamp.policy import LEVELS, Policy, check_dtype, check_level
 from tvmamp.relay_passes import AutoMixedPrecision
 from tvmamp.targets import resolve_target
 
@@ -148,6 +148,8 @@ def build(
     node_dtypes: Mapping[str, str] | None = None,
     plan=None,
     tuning_log_override: bool = False,
+    calib_inputs: Sequence | None = None,
+    budget=None,
 ) -> Executable:
     """Compile a Relax model with automatic mixed precision.
 
@@ -157,7 +159,9 @@ def build(
         The fp32 model (from TVMScript, ``relax.frontend``, ``from_torch`` or ``from_onnx``).
     level : str
         "O0", "O1", "O2", "O3", "OD" or "auto" (see :mod:`tvmamp.policy`); default "O1", or the
-        plan's level when ``plan`` is given.
+        plan's level when ``plan`` is given. "auto-search" runs
+        :func:`tvmamp.search_precision` on ``calib_inputs`` and ``budget`` first and builds its
+        plan (``exe.plan``).
     target : str, dict or tvm.target.Target
         "llvm", "llvm -mcpu=znver4", "cuda", "cuda -arch=sm_80", "nvidia/a100", a JSON dict...
     dtype : str, optional
@@ -182,11 +186,27 @@ def build(
     plan : tvmamp.PrecisionPlan, optional
         A plan from :func:`tvmamp.search_precision`, applied exactly (level, dtype and every
         node's dtype come from it). A plan made for another model is refused.
+    calib_inputs : list, optional
+        Calibration samples for ``level="auto-search"`` (as for ``search_precision``).
+    budget : tvmamp.ErrorBudget, optional
+        The error budget for ``level="auto-search"`` (default: max relative error 5e-3).
 
     Returns
     -------
     Executable
     """
+    if level == AUTO_SEARCH:
+        plan = _auto_search(mod, target, dtype, params, plan, calib_inputs, budget)
+        level = None
+    elif level is not None and level not in LEVELS:
+        raise ValueError(
+            f"tvmamp.build: level {level!r} is not one of {', '.join(LEVELS)} or {AUTO_SEARCH}"
+        )
+    elif calib_inputs is not None or budget is not None:
+        raise ValueError(
+            f"tvmamp.build: calib_inputs and budget are only used with level={AUTO_SEARCH!r}, "
+            f"not level={level!r}"
+        )
     if plan is not None:
         level, dtype, node_dtypes = _apply_plan(plan, mod, level, dtype, node_dtypes)
     converted = convert(
@@ -203,7 +223,28 @@ def build(
         accumulate_dtype,
         node_dtypes,
     )
-    return compile_converted(converted, tuning_log, tuning_log_override)
+    exe = compile_converted(converted, tuning_log, tuning_log_override)
+    exe.plan = plan
+    return exe
+
+
+AUTO_SEARCH = "auto-search"
+
+
+def _auto_search(mod, target, dtype, params, plan, calib_inputs, budget):
+    """The plan of ``level="auto-search"``: search_precision on the calibration inputs."""
+    from tvmamp.search import search_precision
+
+    if plan is not None:
+        raise ValueError(
+            f"tvmamp.build: level={AUTO_SEARCH!r} searches a plan; do not pass plan= as well"
+        )
+    if calib_inputs is None:
+        raise ValueError(
+            f"tvmamp.build: level={AUTO_SEARCH!r} needs calib_inputs= (a list of calibration "
+            "samples, each an array or a tuple of arrays); or choose one of " + ", ".join(LEVELS)
+        )
+    return search_precision(mod, calib_inputs, target, dtype, budget, params)
 
 
 def _apply_plan(plan, mod, level, dtype, node_dtypes):

@@ -28,6 +28,8 @@ class Executable:
     partition : object or None
         For BYOC targets (the NPU), the partition report: which ops run on the accelerator and
         which fell back to the host, and why.
+    plan : tvmamp.PrecisionPlan or None
+        The precision plan applied (``build(plan=...)`` or ``level="auto-search"``).
     """
 
     def __init__(self, vm_exec, target, mod, stats, policy, notes=()):
@@ -38,6 +40,7 @@ class Executable:
         self.policy = policy
         self.notes = list(notes)
         self.partition = None
+        self.plan = None
         self.device = _device_for(target)
         self._vm = None
         self._params = [(p.name, p.ty) for p in mod["main"].params] if "main" in mod else []

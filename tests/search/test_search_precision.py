@@ -97,13 +97,43 @@ def test_the_time_limit_is_respected():
     assert plan.metrics["builds"] <= 2  # the starting plan, then the fp32 plan: no search
 
 
-def test_a_model_within_budget_keeps_the_starting_plan():
+def test_the_fastest_plan_that_meets_the_budget_wins():
+    """Within budget, the searched plan is timed against O1, O2 and fp32 and the fastest wins."""
     mod, params = models.simple_net(batch=2, hidden=32, layers=2)
     calib = [np.random.default_rng(3).standard_normal((2, 32)).astype("float32")] * 2
     plan = tvmamp.search_precision(
         mod, calib, TARGET, "bfloat16", ErrorBudget(5e-2), params, progress=False
     )
-    assert plan.fp32_nodes == [] and plan.metrics["builds"] == 1
+    compared = plan.metrics["compared_ms"]
+    assert {"searched", "O1", "O2", "fp32"} <= set(compared)
+    winner = min(compared, key=compared.get)
+    o3 = tvmamp.convert(mod, "O3", TARGET, "bfloat16", params).report.nodes
+    low = {n.node for n in o3 if n.dtype != "float32"}
+    if winner == "searched":
+        assert plan.fp32_nodes == []
+    elif winner == "fp32":
+        assert set(plan.fp32_nodes) >= low
+    else:
+        level = tvmamp.convert(mod, winner, TARGET, "bfloat16", params).report.nodes
+        assert plan.node_dtypes == {
+            n.node: "float32" if n.dtype == "float32" else "low" for n in level
+        }
+
+
+def test_node_calls_match_the_pass_node_ids():
+    """speed.node_calls numbers bindings as the AMP pass does, repeated names included."""
+    from tvmamp.build import bind_params
+    from tvmamp.search.speed import node_calls, op_latencies
+
+    mod, params = models.transformer_layer(batch=2, seq=8, dim=32, heads=4)
+    report = tvmamp.convert(mod, "O3", TARGET, "bfloat16", params).report
+    calls = node_calls(bind_params(mod, params)[0])
+    assert report.nodes and all(calls[n.node].op.name == n.op for n in report.nodes)
+    cache = {}
+    matmuls = [calls[n.node] for n in report.nodes if n.op == "relax.matmul"]
+    times = [op_latencies(c, TARGET, "bfloat16", cache) for c in matmuls[:2]]
+    assert all(t32 > 0 and tlow > 0 for t32, tlow in times)
+    assert len(cache) <= 2 and times[0] is not None
 
 
 def test_top1_and_callable_budgets():
@@ -182,3 +212,46 @@ def test_cli_search_then_compile_with_the_plan(tmp_path, capsys):
         == 2
     )
     assert "contradicts the plan's level" in capsys.readouterr().err
+    auto = ["compile", "overflow", "--level", "auto-search", "--target", TARGET, "-o", str(lib)]
+    assert main(auto) == 2
+    assert "needs --inputs" in capsys.readouterr().err
+    lib.unlink()
+    assert main([*auto, "--inputs", str(calib), "--dtype", "float16", "--budget", "5e-3"]) == 0
+    assert lib.exists()
+
+
+def test_build_auto_search_level(overflow_case):
+    """level="auto-search" searches on calib_inputs and builds the plan (exe.plan)."""
+    mod, params, calib, _ = overflow_case
+    exe = tvmamp.build(
+        mod,
+        "auto-search",
+        TARGET,
+        "float16",
+        params,
+        calib_inputs=calib,
+        budget=ErrorBudget(5e-3),
+    )
+    assert exe.plan is not None and exe.plan.metrics["met_budget"]
+    assert {n.node: n.dtype for n in exe.stats.nodes} == {
+        k: ("float32" if v == "float32" else "float16") for k, v in exe.plan.node_dtypes.items()
+    }
+    reference = tvmamp.build(mod, "O0", TARGET, params=params)
+    assert max_rel_error(exe(calib[0]), reference(calib[0])) <= 5e-3
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(level="auto-search"), "needs calib_inputs="),
+        (dict(level="O2", calib_inputs=[np.ones((4, 32), "float32")]), "only used with level"),
+        (dict(level="auto-searh"), "is not one of O0, .* or auto-search"),
+    ],
+)
+def test_auto_search_argument_errors(overflow_case, kwargs, match):
+    mod, params, _, plan = overflow_case
+    with pytest.raises(ValueError, match=match):
+        tvmamp.build(mod, target=TARGET, params=params, **kwargs)
+    if kwargs["level"] == "auto-search":
+        with pytest.raises(ValueError, match="do not pass plan="):
+            tvmamp.build(mod, "auto-search", TARGET, params=params, plan=plan, calib_inputs=[])

@@ -10,7 +10,11 @@ def add_build_options(p) -> None:
         metavar="MODEL",
         help="built-in model name, module:function, file.py:function or a model file",
     )
-    p.add_argument("--level", default="O1", help="O0, O1, O2, O3, OD or auto (default O1)")
+    p.add_argument(
+        "--level",
+        default="O1",
+        help="O0, O1, O2, O3, OD or auto (default O1); compile also takes auto-search",
+    )
     p.add_argument(
         "--target", default="llvm", help="llvm, 'llvm -mcpu=...', cuda, ... (default llvm)"
     )

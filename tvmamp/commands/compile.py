@@ -24,6 +24,7 @@ examples:
   tvmamp compile model.onnx --level O2 --dtype bfloat16 -o model.so
   tvmamp compile resnet18 --input-shape 1,3,224,224 --level O1 -o resnet18.so
   tvmamp compile model.onnx --input-shape image=4,3,224,224 --tuning-log logs/ -o model.so
+  tvmamp compile transformer --level auto-search --inputs calib.npz --budget 5e-3 -o m.so
 """
 
 
@@ -57,6 +58,17 @@ def register(subparsers) -> None:
         help="precision plan (.json) from 'tvmamp search'; sets the level, dtype and "
         "every node's dtype",
     )
+    p.add_argument(
+        "--inputs",
+        default=None,
+        help="with --level auto-search: .npz of calibration data (as for 'tvmamp search')",
+    )
+    p.add_argument(
+        "--budget", type=float, default=5e-3, help="with --level auto-search (default 5e-3)"
+    )
+    p.add_argument(
+        "--metric", default="output", choices=["output", "top1"], help="with --level auto-search"
+    )
     p.set_defaults(level=None)
     p.add_argument("-o", "--output", required=True, help="output .so path")
     p.set_defaults(func=run)
@@ -80,13 +92,12 @@ def run(args) -> int:
         f"[compile 1/4] imported in {time.perf_counter() - start:.1f} s ({_describe(mod, params)})"
     )
     kwargs = build_kwargs(args)
-    if args.plan is not None:
+    plan = _plan(args, mod, params, kwargs)
+    if plan is not None:
         from tvmamp.build import _apply_plan
-        from tvmamp.search import PrecisionPlan
 
-        plan = PrecisionPlan.load(args.plan)
         kwargs["level"], kwargs["dtype"], kwargs["node_dtypes"] = _apply_plan(
-            plan, mod, args.level, args.dtype, None
+            plan, mod, kwargs["level"], args.dtype, None
         )
     kwargs["level"] = kwargs["level"] or "O1"
     _log(f"[compile 2/4] converting to mixed precision at {kwargs['level']} ...")
@@ -102,6 +113,25 @@ def run(args) -> int:
     print(exe.stats.summary())
     print(f"wrote {args.output} ({_signature(exe)}) in {time.perf_counter() - start:.1f} s")
     return 0
+
+
+def _plan(args, mod, params, kwargs):
+    """The precision plan of --plan, or searched for --level auto-search; else None."""
+    from tvmamp.build import AUTO_SEARCH
+    from tvmamp.search import ErrorBudget, PrecisionPlan, search_precision
+
+    if kwargs["level"] != AUTO_SEARCH:
+        if args.inputs is not None:
+            raise ValueError(f"--inputs is only used with --level {AUTO_SEARCH}")
+        return PrecisionPlan.load(args.plan) if args.plan is not None else None
+    if args.plan is not None or args.inputs is None:
+        raise ValueError(f"--level {AUTO_SEARCH} needs --inputs calib.npz and no --plan")
+    from .search import load_samples
+
+    _log(f"[compile 1/4] searching a precision plan (budget {args.budget:g}, {args.metric}) ...")
+    kwargs["level"] = None
+    budget = ErrorBudget(args.budget, args.metric)
+    return search_precision(mod, load_samples(args.inputs), args.target, args.dtype, budget, params)
 
 
 def _describe(mod, params) -> str:

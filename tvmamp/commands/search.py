@@ -15,11 +15,11 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "search",
         help="search a per-node precision plan that meets an error budget",
-        description="Start from --level (O2), return the nodes that break the budget to fp32 "
+        description="Start from --level (O3), return the nodes that break the budget to fp32 "
         "and write the plan as JSON; apply it with 'tvmamp compile MODEL --plan plan.json'.",
     )
     add_build_options(p)
-    p.set_defaults(level="O2")
+    p.set_defaults(level="O3")
     p.add_argument(
         "--inputs",
         required=True,

@@ -2,20 +2,22 @@
 
 The search, with few builds:
 
-1. Convert at the most aggressive level (``start_level``, O2 by default) and measure the error
-   on the calibration inputs. If it is within the budget, that plan is the answer.
-2. Attribute the error to nodes once: per-op errors and out-of-range counts from
-   ``tvmamp.debugging.compare_accuracy`` on a calibration input, corrected for error that only
-   flows through a node (``attribution.rank_candidates``). Cheap ops rank before GEMM-like ones,
-   whose low precision buys the most speed.
+1. Convert at the most aggressive level (``start_level``, O3 by default) and measure the error
+   on the calibration inputs.
+2. If it misses the budget, attribute the error to nodes once: per-op errors and out-of-range
+   counts from ``tvmamp.debugging.compare_accuracy`` on a calibration input, corrected for
+   error that only flows through a node (``attribution.rank_candidates``). Cheap ops rank before
+   GEMM-like ones, whose low precision buys the most speed.
 3. Return the top-k ranked nodes to fp32 for k = 1, 2, 4, ... until the budget is met, then
-   bisect for the smallest such k.
-4. Try to put each GEMM-like node of that prefix back in the low dtype, keeping the change when
-   the budget still holds (measured latency decides nothing here: a low GEMM is never slower).
+   bisect for the smallest such k, and try to put each GEMM-like node of that prefix back low.
+4. Speed (:mod:`.speed`): GEMM-like nodes whose low kernel, compiled alone, is slower than
+   fp32 are candidates to go back to fp32; that plan, the O1 and O2 assignments and the fp32
+   plan are checked against the budget, and those that meet it are timed in one interleaved run
+   with the searched plan. The fastest is the answer, so the plan is never slower than a level
+   that meets the budget (within the noise of one measurement).
 5. Check the plan on held-out inputs; warn when their error exceeds the budget.
 
-If even returning every candidate to fp32 misses the budget, or time runs out first, the fp32
-plan is returned and says so.
+If no mixed plan meets the budget, or time runs out first, the fp32 plan is returned and says so.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import numpy as np
 from tvmamp.benchmark import median_latency_ms
 from tvmamp.build import as_module, build, convert
 
+from . import speed
 from .attribution import rank_candidates
 from .budget import ErrorBudget
 from .plan import PrecisionPlan, model_hash
@@ -68,6 +71,8 @@ class _Search:
         self.builds = 0
         self.bar = _progress_bar(progress)
         self._tried: dict = {}
+        self.op_times: dict = {}  # single-op latencies, shared by identical layers
+        self.latencies: dict = {}  # the whole-model plans compared in step 4, in ms
 
     def out_of_time(self) -> bool:
         return time.monotonic() > self.deadline
@@ -146,7 +151,7 @@ def search_precision(
     dtype: str | None = None,
     budget: ErrorBudget | None = None,
     params=None,
-    start_level: str = "O2",
+    start_level: str = "O3",
     time_limit_s: float = 300.0,
     holdout: float = 0.25,
     progress: bool = True,
@@ -165,7 +170,7 @@ def search_precision(
     budget : ErrorBudget
         The metric and its bound (default: max relative output error 5e-3).
     start_level : str
-        The most aggressive level to start from ("O2" or "O3").
+        The most aggressive level to start from ("O3", "O2" or "O1").
     time_limit_s : float
         The search stops trying new plans after this many seconds.
     holdout : float
@@ -200,24 +205,11 @@ def search_precision(
 def _run(search: _Search):
     """The search proper; returns (plan, executable, notes)."""
     notes = []
-    error, _ = search.evaluate(set())
-    chosen = []
-    if not search.budget.met(error):
-        ranked = (
-            _ranked(search, notes)
-            if not search.out_of_time()
-            else rank_candidates(search.mod, search.nodes, [])
-        )
-        k, error = _smallest_prefix(search, ranked)
-        if k is None:
-            why = "before the time limit" if search.out_of_time() else "with any node in low"
-            notes.append(f"no mixed-precision plan met the budget {why}; returning the fp32 plan")
-            chosen = list(ranked)
-        else:
-            chosen, error = _restore_expensive(search, ranked[:k], error)
-            if len(chosen) == len(ranked):
-                notes.append("only the fp32 plan meets the budget; returning the fp32 plan")
+    chosen, error = _accuracy(search, notes)
+    reasons = {c.node: c.reason() for c in chosen}
     fp32 = {c.node for c in chosen}
+    if len(fp32) < len(_low_nodes(search)):
+        fp32 = _speed(search, fp32, reasons, notes)
     error, exe = search.evaluate(fp32)
     plan = PrecisionPlan(
         model_hash=model_hash(search.mod),
@@ -225,10 +217,73 @@ def _run(search: _Search):
         dtype=search.dtype,
         base_level=search.level,
         node_dtypes=search.plan_dtypes(fp32),
-        reasons={c.node: c.reason() for c in chosen},
+        reasons={n: reasons.get(n, "fp32 in the base level") for n in fp32},
         metrics={"calibration_error": error, "met_budget": search.budget.met(error)},
     )
     return plan, exe, notes
+
+
+def _low_nodes(search: _Search) -> list[str]:
+    return [n.node for n in search.nodes if n.dtype != "float32"]
+
+
+def _accuracy(search: _Search, notes: list) -> tuple[list, float]:
+    """Steps 1-3: the low nodes to return to fp32 (ranked candidates) and the plan's error."""
+    error, _ = search.evaluate(set())
+    if search.budget.met(error):
+        return [], error
+    ranked = (
+        _ranked(search, notes)
+        if not search.out_of_time()
+        else rank_candidates(search.mod, search.nodes, [])
+    )
+    k, error = _smallest_prefix(search, ranked)
+    if k is None:
+        why = "before the time limit" if search.out_of_time() else "with any node in low"
+        notes.append(f"no mixed-precision plan met the budget {why}; returning the fp32 plan")
+        return list(ranked), error
+    chosen, error = _restore_expensive(search, ranked[:k], error)
+    if len(chosen) == len(ranked):
+        notes.append("only the fp32 plan meets the budget; returning the fp32 plan")
+    return chosen, error
+
+
+def _speed(search: _Search, fp32: set, reasons: dict, notes: list) -> set:
+    """Step 4: the fastest of the plans that meet the budget; fills ``reasons`` for its nodes."""
+    _, exe = search.evaluate(fp32)
+    slow = speed.slow_low_nodes(
+        search.mod,
+        search.params,
+        exe.stats.nodes,
+        search.target,
+        search.dtype,
+        search.op_times,
+        search.out_of_time,
+    )
+    plans = {"searched": fp32}
+    if slow:
+        plans["searched, slow kernels fp32"] = fp32 | set(slow)
+        for node, (t32, tlow) in slow.items():
+            reasons[node] = f"its low kernel is slower: {tlow:.3f} ms against {t32:.3f} ms in fp32"
+    for level in ("O1", "O2"):
+        if level != search.level:
+            report = convert(search.mod, level, search.target, search.dtype, search.params).report
+            plans[level] = {n.node for n in report.nodes if n.dtype == "float32"}
+    plans["fp32"] = set(_low_nodes(search))
+    executables = {}
+    for name, nodes in plans.items():
+        if search.out_of_time() and executables:
+            notes.append(f"time limit: the {name} plan and later ones were not compared")
+            break
+        error, candidate = search.evaluate(nodes)
+        if search.budget.met(error):
+            executables[name] = candidate
+    if not executables:
+        return fp32
+    winner, search.latencies = speed.fastest(executables, list(search.calib[0]))
+    for node in plans[winner] - fp32:
+        reasons.setdefault(node, f"fp32 in the {winner} plan, the fastest that meets the budget")
+    return plans[winner]
 
 
 def _ranked(search: _Search, notes: list) -> list:
@@ -264,6 +319,8 @@ def _measure(search: _Search, plan: PrecisionPlan, exe, held, start, notes):
     metrics.update(
         budget=search.budget.max_rel_err, metric=search.budget.name, builds=search.builds
     )
+    if search.latencies:
+        metrics["compared_ms"] = {k: round(v, 4) for k, v in search.latencies.items()}
     if held:
         held_ref = [search.reference(*s) for s in held]
         metrics["holdout_error"] = search.budget.measure(held_ref, [exe(*s) for s in held])
