@@ -5,6 +5,7 @@ from .cpu import (
     CPUElementwise,
     CPUMatmul,
     CPUMatmulBF16,
+    CPUMatmulFP16,
     cpu_schedule_passes,
     default_cpu_rules,
 )
@@ -14,6 +15,7 @@ __all__ = [
     "CPUElementwise",
     "CPUMatmul",
     "CPUMatmulBF16",
+    "CPUMatmulFP16",
     "cpu_schedule_passes",
     "default_cpu_rules",
 ]

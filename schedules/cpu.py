@@ -10,6 +10,7 @@ from .cpu_bf16_matmul import CPUMatmulBF16
 from .cpu_bf16_passes import SplitPreproc
 from .cpu_conv import CPUConv2d
 from .cpu_elementwise import CPUElementwise
+from .cpu_fp16_matmul import CPUMatmulFP16, has_f16c
 from .cpu_matmul import CPUMatmul
 from .guard import Guarded
 
@@ -18,6 +19,7 @@ __all__ = [
     "CPUElementwise",
     "CPUMatmul",
     "CPUMatmulBF16",
+    "CPUMatmulFP16",
     "cpu_schedule_passes",
     "default_cpu_rules",
 ]
@@ -35,7 +37,8 @@ def default_cpu_rules(target: Target) -> list[dl.ScheduleRule]:
     Returns
     -------
     rules : list[tvm.s_tir.dlight.ScheduleRule]
-        With avx512_bf16, the ``vdpbf16ps`` bf16 rules first; then matmul, conv2d, injective,
+        With avx512_bf16, the ``vdpbf16ps`` bf16 rules first; with F16C, the fp16 matmul rule
+        (fp16 weights packed at compile time, fp32 FMA); then matmul, conv2d, injective,
         and TVM's ``dlight.cpu`` GEMV and Reduction. Use them through
         :func:`cpu_schedule_passes`, which also splits out the bf16 rules' weight packing.
 
@@ -49,6 +52,8 @@ def default_cpu_rules(target: Target) -> list[dl.ScheduleRule]:
             f"tvmamp.schedules.default_cpu_rules: target kind {target.kind.name!r} is not 'llvm'"
         )
     rules = [CPUMatmul(), CPUConv2d(), CPUElementwise(), dl.cpu.GEMV(), dl.cpu.Reduction()]
+    if has_f16c(target):
+        rules = [CPUMatmulFP16(), *rules]
     if has_avx512bf16(target):
         rules = [CPUMatmulBF16(), *rules]
     return [Guarded(rule) for rule in rules]

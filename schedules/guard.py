@@ -18,7 +18,8 @@ class Guarded(dl.ScheduleRule):
 
     TVM's own dlight rules assume shapes they sometimes do not check (``dlight.cpu.Reduction``
     fails on batch_norm's multi-output training kernels, ``dlight.cpu.GEMV`` asserts on a
-    batch-1 depthwise conv at 1x1 spatial size). A failed default schedule
+    batch-1 depthwise conv at 1x1 spatial size), and some primitives raise ValueError (e.g. a
+    loop that no longer exists). A failed default schedule
     must not fail the build: the function is left to the next rule, and the fallback is logged.
     """
 
@@ -28,7 +29,7 @@ class Guarded(dl.ScheduleRule):
     def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
         try:
             return self.rule.apply(func, target, tunable)
-        except (ScheduleError, tvm.error.InternalError, AssertionError) as err:
+        except (ScheduleError, tvm.error.InternalError, AssertionError, ValueError) as err:
             name = func.attrs.get("global_symbol", "?") if func.attrs else "?"
             first_line = str(err).strip().splitlines()[-1]
             logger.info("%s did not apply to %s: %s", type(self.rule).__name__, name, first_line)
