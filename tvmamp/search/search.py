@@ -10,7 +10,7 @@ The search, with few builds:
    GEMM-like ones, whose low precision buys the most speed.
 3. Return the top-k ranked nodes to fp32 for k = 1, 2, 4, ... until the budget is met, then
    bisect for the smallest such k, and try to put each GEMM-like node of that prefix back low.
-4. Speed (:mod:`.speed`): GEMM-like nodes whose low kernel, compiled alone, is slower than
+4. Speed (:mod:`.speed`): matmuls whose low kernel, compiled alone, is slower than
    fp32 are candidates to go back to fp32; that plan, the O1 and O2 assignments and the fp32
    plan are checked against the budget, and those that meet it are timed in one interleaved run
    with the searched plan. The fastest is the answer, so the plan is never slower than a level
@@ -73,6 +73,7 @@ class _Search:
         self._tried: dict = {}
         self.op_times: dict = {}  # single-op latencies, shared by identical layers
         self.latencies: dict = {}  # the whole-model plans compared in step 4, in ms
+        self.chosen = None  # the name of the plan step 4 chose
 
     def out_of_time(self) -> bool:
         return time.monotonic() > self.deadline
@@ -251,6 +252,7 @@ def _accuracy(search: _Search, notes: list) -> tuple[list, float]:
 def _speed(search: _Search, fp32: set, reasons: dict, notes: list) -> set:
     """Step 4: the fastest of the plans that meet the budget; fills ``reasons`` for its nodes."""
     _, exe = search.evaluate(fp32)
+    search.bar.set_postfix_str("timing the low matmuls alone, in fp32 and low")
     slow = speed.slow_low_nodes(
         search.mod,
         search.params,
@@ -280,7 +282,10 @@ def _speed(search: _Search, fp32: set, reasons: dict, notes: list) -> set:
             executables[name] = candidate
     if not executables:
         return fp32
+    search.bar.set_postfix_str(f"timing {len(executables)} plans that meet the budget")
     winner, search.latencies = speed.fastest(executables, list(search.calib[0]))
+    search.chosen = winner
+    search.bar.set_postfix(plan=winner, latency=f"{search.latencies[winner]:.3f} ms")
     for node in plans[winner] - fp32:
         reasons.setdefault(node, f"fp32 in the {winner} plan, the fastest that meets the budget")
     return plans[winner]
@@ -321,6 +326,7 @@ def _measure(search: _Search, plan: PrecisionPlan, exe, held, start, notes):
     )
     if search.latencies:
         metrics["compared_ms"] = {k: round(v, 4) for k, v in search.latencies.items()}
+        metrics["chosen"] = search.chosen
     if held:
         held_ref = [search.reference(*s) for s in held]
         metrics["holdout_error"] = search.budget.measure(held_ref, [exe(*s) for s in held])

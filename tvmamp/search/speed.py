@@ -3,9 +3,11 @@
 Low precision is not always faster: a small matmul pays for padding and casts, a kernel may
 have no fast low-precision schedule on the target. Two measurements find this out:
 
-* ``slow_low_nodes``: each GEMM-like node that the plan runs low is compiled alone, once in
-  fp32 and once in the low dtype (identical layers share one measurement), and the nodes whose
-  low kernel is slower are returned;
+* ``slow_low_nodes``: each matmul that the plan runs low is compiled alone, once in fp32 and
+  once in the low dtype (identical layers share one measurement), and the nodes whose low
+  kernel is slower are returned. Convolutions are not measured alone: on the CPU a bf16 conv
+  chain shares its layout conversions (NCHW to NHWC rows and back) across the chain, which a
+  lone conv would pay in full; the whole-model comparison judges them;
 * ``fastest``: whole-model plans that meet the budget are timed interleaved in one run
   (``paired_medians``), and the fastest wins.
 """
@@ -24,6 +26,7 @@ from tvmamp.benchmark import paired_medians
 from tvmamp.build import bind_params, build
 
 SLOWER = 1.1  # a low kernel counts as slower when it takes 10 % longer than fp32 (noise margin)
+MEASURED_ALONE = ("relax.matmul",)
 
 
 def node_calls(mod: tvm.IRModule) -> dict[str, relax.Call]:
@@ -113,7 +116,7 @@ def op_latencies(call: relax.Call, target, dtype: str, cache: dict) -> tuple[flo
 
 
 def slow_low_nodes(mod, params, nodes, target, dtype: str, cache: dict, deadline) -> dict:
-    """Low GEMM-like nodes whose kernel is slower than fp32: node id -> (fp32 ms, low ms).
+    """Low matmuls whose kernel is slower than fp32: node id -> (fp32 ms, low ms).
 
     ``nodes`` are the plan's ``NodeDecision``s; ``deadline()`` returns True when time is up.
     """
@@ -122,7 +125,7 @@ def slow_low_nodes(mod, params, nodes, target, dtype: str, cache: dict, deadline
     slow = {}
     for node in nodes:
         call = calls.get(node.node)
-        if node.dtype == "float32" or node.category != "white" or call is None:
+        if node.dtype == "float32" or node.op not in MEASURED_ALONE or call is None:
             continue
         if call.op.name != node.op or deadline():
             continue
@@ -132,11 +135,14 @@ def slow_low_nodes(mod, params, nodes, target, dtype: str, cache: dict, deadline
     return slow
 
 
-def fastest(executables: dict, inputs: list, repeat: int = 15, sample_ms: float = 5.0):
+def fastest(
+    executables: dict, inputs: list, repeat: int = 31, sample_ms: float = 10.0, margin=0.03
+) -> tuple[str, dict]:
     """Time the executables interleaved on ``inputs``; (fastest name, name -> median ms).
 
     Each sample runs enough calls to last about ``sample_ms``, so that a sub-millisecond model
-    is not judged on timer noise.
+    is not judged on timer noise. ``executables`` are in order of preference (the searched plan
+    first): a later one wins only when it is faster by more than ``margin``.
     """
     names = list(executables)
     first = executables[names[0]]
@@ -147,4 +153,8 @@ def fastest(executables: dict, inputs: list, repeat: int = 15, sample_ms: float 
     number = max(1, math.ceil(sample_ms / max(once_ms, 1e-3)))
     medians = paired_medians([lambda e=executables[n]: e(*inputs) for n in names], repeat, number)
     times = {n: t * 1e3 for n, t in zip(names, medians)}
-    return min(times, key=times.get), times
+    best = names[0]
+    for name in names[1:]:
+        if times[name] < (1 - margin) * times[best]:
+            best = name
+    return best, times
