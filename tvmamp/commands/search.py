@@ -34,6 +34,11 @@ def register(subparsers) -> None:
         help="output: max relative error; top1: fraction of changed arg-max classes",
     )
     p.add_argument("--time-limit", type=float, default=300.0, help="seconds (default 300)")
+    p.add_argument(
+        "--no-latency",
+        action="store_true",
+        help="skip the speed step: keep the accuracy search's plan without timing alternatives",
+    )
     p.add_argument("--holdout", type=float, default=0.25, help="held-out fraction (default 0.25)")
     p.add_argument("-o", "--output", required=True, help="where to write the plan (.json)")
     p.set_defaults(func=run)
@@ -72,6 +77,7 @@ def run(args) -> int:
         start_level=args.level,
         time_limit_s=args.time_limit,
         holdout=args.holdout,
+        measure_latency=not args.no_latency,
     )
     plan.save(args.output)
     print(plan.summary())

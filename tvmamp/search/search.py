@@ -156,6 +156,7 @@ def search_precision(
     time_limit_s: float = 300.0,
     holdout: float = 0.25,
     progress: bool = True,
+    measure_latency: bool = True,
 ) -> PrecisionPlan:
     """Find the fastest per-node precision plan whose error on calibration data meets ``budget``.
 
@@ -177,7 +178,10 @@ def search_precision(
     holdout : float
         Fraction of the samples held out (0 for none).
     progress : bool
-        Show a progress bar (plans tried, fp32 nodes, current error).
+        Show a progress bar (plans tried, fp32 nodes, current error, then latency).
+    measure_latency : bool
+        Run the speed step (4): time candidate plans and keep the fastest. Off, the plan is the
+        accuracy search's (the most low nodes that meet the budget), with no latency compared.
 
     Returns
     -------
@@ -196,20 +200,20 @@ def search_precision(
     calib, held = _split(_samples(calib_inputs), holdout)
     search = _Search(mod, params, target, dtype, start_level, budget, calib, time_limit_s, progress)
     try:
-        plan, exe, notes = _run(search)
+        plan, exe, notes = _run(search, measure_latency)
     finally:
         search.bar.close()
     _measure(search, plan, exe, held, start, notes)
     return plan
 
 
-def _run(search: _Search):
+def _run(search: _Search, measure_latency: bool):
     """The search proper; returns (plan, executable, notes)."""
     notes = []
     chosen, error = _accuracy(search, notes)
     reasons = {c.node: c.reason() for c in chosen}
     fp32 = {c.node for c in chosen}
-    if len(fp32) < len(_low_nodes(search)):
+    if measure_latency and len(fp32) < len(_low_nodes(search)):
         fp32 = _speed(search, fp32, reasons, notes)
     error, exe = search.evaluate(fp32)
     plan = PrecisionPlan(
