@@ -1,4 +1,4 @@
-"""Tuned vs untuned tvmamp kernels vs torch, one thread, one run: 1024^3 matmul and SimpleNet.
+"""Tuned vs untuned tvmamp kernels vs torch, one thread, one run: matmuls, bf16 GEMMs, SimpleNet.
 
 For each model (O2, bf16): build with the default schedules, tune ``--trials`` trials with
 ``tvmamp.tune`` (timed, from an empty log), then build twice with the log:
@@ -8,10 +8,13 @@ For each model (O2, bf16): build with the default schedules, tune ``--trials`` t
 - "tvmamp log": through ``load_tuning_log``, which keeps a kernel's default schedule where it
   was timed faster than the best record while tuning.
 
-Untuned, both tuned builds, torch fp32 and torch autocast bf16 are then timed interleaved in the
-same run (``paired_medians``).
+Untuned, both tuned builds, torch fp32 and torch bf16 are then timed interleaved in the same run
+(``paired_medians``). torch bf16 is autocast for "matmul" and SimpleNet; for the "gemm MxKxN"
+cases (bf16 GEMM kernels, tuned in tvmamp's vdpbf16ps/AMX space) it is ``torch.mm`` on bf16
+tensors converted beforehand, the strongest anchor (oneDNN brgemm).
 
 Run: TVM_NUM_THREADS=1 python bench/bench_tuning.py [--trials 64] [--repeat 15]
+     [--cases matmul,simplenet,gemm512x1024x1024,gemm257x4096x1024]
 """
 
 from __future__ import annotations
@@ -35,13 +38,15 @@ from tvmamp.benchmark import max_rel_error, paired_medians
 from tvmamp.build import _pipeline  # the build's phases, to compile with a chosen database
 from tvmamp.executable import Executable
 from tvmamp.tuning import load_tuning_log, tune
+from tvmamp.tuning.intrinsics import register_log_intrinsics
 
 
-def matmul_model(size: int):
-    """``x[size, size] @ w[size, size]`` in fp32 with ``w`` as a param (bound at build)."""
+def matmul_model(size: int, k: int | None = None, n: int | None = None):
+    """``x[size, k] @ w[k, n]`` in fp32 (square by default), ``w`` a param (bound at build)."""
+    k, n = k or size, n or size
     bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((size, size), "float32"))
-    w = relax.Var("w", relax.TensorType((size, size), "float32"))
+    x = relax.Var("x", relax.TensorType((size, k), "float32"))
+    w = relax.Var("w", relax.TensorType((k, n), "float32"))
     with bb.function("main", [x, w]):
         with bb.dataflow():
             out = bb.emit_output(relax.op.matmul(x, w))
@@ -49,13 +54,17 @@ def matmul_model(size: int):
     mod = bb.get()
     mod["main"] = mod["main"].with_attr("num_input", 1)
     rng = np.random.default_rng(0)
-    w = rng.standard_normal((size, size)) / np.sqrt(size)
+    w = rng.standard_normal((k, n)) / np.sqrt(k)
     return mod, {"w": w.astype("float32")}
 
 
 def torch_fns(name: str, params: dict, x: np.ndarray):
     """torch fp32 and autocast-bf16 callables for the same model and weights."""
     tx = torch.from_numpy(x)
+    if name.startswith("gemm"):  # bf16 operands converted once, as weights would be
+        tw = torch.from_numpy(params["w"])
+        xb, wb = tx.bfloat16(), tw.bfloat16()
+        return (lambda: torch.mm(tx, tw)), (lambda: torch.mm(xb, wb))
     if name == "matmul":
         tw = torch.from_numpy(params["w"])
         fp32 = lambda: torch.mm(tx, tw)  # noqa: E731
@@ -86,8 +95,9 @@ def bench(name, mod, params, target, trials, repeat, work_dir):
     result = tune(mod, target, "O2", "bfloat16", work_dir, trials, params)
     tuning_s = time.perf_counter() - start
     converted = tvmamp.convert(mod, "O2", target, "bfloat16", params)
+    register_log_intrinsics(work_dir)
     raw = build_with(converted, ms.database.JSONDatabase(work_dir=work_dir))
-    database, notes = load_tuning_log(work_dir, converted)
+    database, notes = load_tuning_log(work_dir, converted)  # also registers the log's intrinsics
     logged = build_with(converted, database)
     x = models.example_inputs(mod)[0]
     fp32, bf16 = torch_fns(name, params, x)
@@ -101,21 +111,34 @@ def bench(name, mod, params, target, trials, repeat, work_dir):
     return [t * 1e3 for t in times], tuning_s, result.new_trials, errors
 
 
+def case(name: str, size: int) -> tuple:
+    """``(key, label, mod, params)`` of a case name: matmul, simplenet or gemmMxKxN."""
+    if name == "matmul":
+        return ("matmul", f"matmul {size}^3", *matmul_model(size))
+    if name == "simplenet":
+        return ("simplenet", "SimpleNet 9xLinear(1024) b256", *models.simple_net())
+    if name.startswith("gemm"):
+        m, k, n = (int(v) for v in name.removeprefix("gemm").split("x"))
+        return (name, f"bf16 GEMM {m} x {k} x {n}", *matmul_model(m, k, n))
+    raise ValueError(
+        f"bench_tuning: case {name!r} is not one of matmul, simplenet, gemmMxKxN "
+        "(e.g. gemm512x1024x1024)"
+    )
+
+
 def main() -> None:
     """Print one markdown table row per model."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--trials", type=int, default=64)
     parser.add_argument("--repeat", type=int, default=15)
     parser.add_argument("--size", type=int, default=1024)
+    parser.add_argument("--cases", default="matmul,simplenet,gemm512x1024x1024,gemm257x4096x1024")
     args = parser.parse_args()
     threads = int(os.environ.get("TVM_NUM_THREADS", "1"))
     os.environ["TVM_NUM_THREADS"] = str(threads)
     torch.set_num_threads(threads)
     target = f"llvm -num-cores={threads}"
-    cases = [
-        ("matmul", f"matmul {args.size}^3", *matmul_model(args.size)),
-        ("simplenet", "SimpleNet 9xLinear(1024) b256", *models.simple_net()),
-    ]
+    cases = [case(name, args.size) for name in args.cases.split(",")]
     print(
         "| model (O2 bf16, 1 thread) | untuned ms | meta_schedule ms | tvmamp log ms "
         "| torch fp32 ms | torch bf16 ms | speed / best torch: untuned, meta_schedule, log "

@@ -76,12 +76,21 @@ def _scheduled_hashes(work_dir):
 
     database = ms.database.JSONDatabase(work_dir=str(work_dir), allow_missing=False)
     records = database.get_all_tuning_records()
-    return [tvm_ffi.structural_hash(r.as_measure_candidate().sch.mod) for r in records]
+    return [tvm_ffi.structural_hash(_replayed(r)) for r in records]
+
+
+def _replayed(record):
+    """The record's schedule (as_measure_candidate fails on padded bf16 weight packing)."""
+    from tvm import s_tir
+
+    sch = s_tir.Schedule(record.workload.mod)
+    record.trace.apply_to_schedule(sch, remove_postproc=False)
+    return sch.mod
 
 
 @pytest.mark.slow
 def test_killed_run_resumes_without_redoing_or_losing_trials(tmp_path):
-    work_dir, trials = tmp_path / "log", 8
+    work_dir, trials = tmp_path / "log", 6
     env = dict(os.environ, TVM_NUM_THREADS="1")
     args = [sys.executable, "-c", KILLABLE_RUN, str(work_dir), TARGET, str(trials)]
     proc = subprocess.Popen(args, env=env, start_new_session=True)

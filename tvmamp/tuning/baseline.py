@@ -10,13 +10,16 @@ from tvm.s_tir.meta_schedule.arg_info import ArgInfo
 from tvm.s_tir.meta_schedule.builder import BuilderInput
 from tvm.s_tir.meta_schedule.runner import RunnerInput
 
+from .bf16_gemm import for_measuring
 from .callbacks import median_secs
 
 
 def default_schedule(task, target, entry) -> tvm.IRModule | None:
     """The task's kernel under the target's default schedule passes (None if none applies)."""
+    # a copy: dlight's ApplyDefaultSchedule replaces functions in the module it is given
+    mod = tvm.IRModule(dict(task.mod.functions_items()), attrs=task.mod.attrs)
     with target:
-        mod = tvm.transform.Sequential(entry.schedule_passes(target))(task.mod)
+        mod = tvm.transform.Sequential(entry.schedule_passes(target))(mod)
     func = mod["main"]
     return mod if func.attrs.get("tirx.is_scheduled", False) else None
 
@@ -29,6 +32,7 @@ def measure_default(task, target, entry, builder, runner) -> float | None:
     mod = default_schedule(task, target, entry)
     if mod is None:
         return None
+    mod = for_measuring(mod)
     (built,) = builder.build([BuilderInput(mod, target)])
     if built.error_msg is not None:
         return None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import tvm
 import tvm_ffi
 from tvm.ir.utils import derived_object
-from tvm.s_tir.meta_schedule.builder import BuilderResult, PyBuilder
+from tvm.s_tir.meta_schedule.builder import BuilderInput, BuilderResult, PyBuilder
 from tvm.s_tir.meta_schedule.database import TuningRecord
 from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
 
@@ -32,8 +32,12 @@ class SkipMeasuredBuilder(PyBuilder):
         self.measured = measured
 
     def build(self, build_inputs):
+        from .bf16_gemm import for_measuring
+
         fresh = [i for i, x in enumerate(build_inputs) if module_key(x.mod) not in self.measured]
-        built = self.inner.build([build_inputs[i] for i in fresh]) if fresh else []
+        inputs = [build_inputs[i] for i in fresh]
+        inputs = [BuilderInput(for_measuring(x.mod), x.target, x.params) for x in inputs]
+        built = self.inner.build(inputs) if inputs else []
         results = [BuilderResult(None, MEASURED_BEFORE) for _ in build_inputs]
         for i, result in zip(fresh, built):
             results[i] = result
@@ -55,6 +59,7 @@ class RecordAndReport(PyMeasureCallback):
     It replaces meta_schedule's AddToDatabase and UpdateCostModel so that candidates skipped
     by :class:`SkipMeasuredBuilder` are neither logged again nor taught to the cost model as
     failures. Failed candidates are logged as meta_schedule logs them (1e10 s), never timed.
+    ``cost_model=None`` trains none (tasks whose search does not use it).
     """
 
     def __init__(self, database, cost_model, progress):
@@ -76,6 +81,7 @@ class RecordAndReport(PyMeasureCallback):
                     candidate.sch.trace, workload, run_secs, ctx.target, candidate.args_info
                 )
             )
-        cands = [measure_candidates[i] for i in keep]
-        self.cost_model.update(ctx, cands, [runner_results[i] for i in keep])
+        if self.cost_model is not None:
+            cands = [measure_candidates[i] for i in keep]
+            self.cost_model.update(ctx, cands, [runner_results[i] for i in keep])
         self.progress.measured([median_secs(runner_results[i]) for i in keep])

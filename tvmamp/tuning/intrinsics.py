@@ -5,7 +5,11 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.util
+import os
+import re
 import sys
+
+from . import logfile
 
 # ``import tvm.s_tir.tensor_intrin`` (done by every meta_schedule TuneContext and builder worker)
 # registers the intrinsics of every vendor; on this machine that costs 15 s to minutes of CPU,
@@ -65,3 +69,29 @@ def only_target_intrinsics(families: tuple[str, ...] | None):
             parent = sys.modules.get(PACKAGE.rsplit(".", 1)[0])
             if parent is not None and hasattr(parent, "tensor_intrin"):
                 delattr(parent, "tensor_intrin")
+
+
+# The names tvmamp's CPU schedules give the tensor intrinsics they register on first use
+# (``x86_amx_intrin.amx_intrin``: one per reduction length and accumulator scope).
+TVMAMP_INTRIN = re.compile(r"tvmamp_x86_amx_bf16_32x32x(\d+)_(local|global)")
+
+
+def register_log_intrinsics(work_dir: str) -> None:
+    """Register the tvmamp tensor intrinsics that the traces of a tuning log name.
+
+    TVM replays every trace when it opens a log (and again when it applies one); a tensorize
+    step whose intrinsic is not registered in this process would fail. tvmamp's bf16 kernels
+    register theirs lazily, so a fresh process must do it before opening the log.
+    """
+    path = os.path.join(work_dir, logfile.RECORDS)
+    if not os.path.isfile(path):
+        return
+    with open(path, encoding="utf-8", errors="replace") as f:
+        text = f.read()
+    if "tvmamp_" not in text:
+        return
+    from tvmamp.schedules import x86_amx_intrin, x86_bf16_intrin
+
+    x86_bf16_intrin.register()
+    for k, scope in sorted(set(TVMAMP_INTRIN.findall(text))):
+        x86_amx_intrin.amx_intrin(int(k), scope)

@@ -8,6 +8,7 @@ import os
 from tvm import tirx
 
 from . import logfile
+from .intrinsics import register_log_intrinsics
 from .manifest import SOFT_TARGET_KEYS, Manifest, compare, read_manifest
 from .tasks import lower_for_tuning
 
@@ -61,6 +62,7 @@ def load_tuning_log(path, converted, override: bool = False):
         )
     notes = [f"override: log applied although {m}" for m in mismatches] + notes
     scan = logfile.check_complete(path, COMPONENT)
+    register_log_intrinsics(path)
     _check_record_targets(path, manifest, scan)
     database, kept = _best_records(path, manifest)
     return database, notes + kept + _coverage(database, converted)

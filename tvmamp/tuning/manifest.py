@@ -70,6 +70,7 @@ def _task_entry(task) -> dict:
         "weight": task.weight,
         "flops": task.flops,
         "trials": task.trials,
+        "space": task.space,
     }
 
 

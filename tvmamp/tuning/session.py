@@ -8,7 +8,9 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.runner import RunnerResult
 
 from .baseline import measure_default
+from .bf16_gemm import BF16_SPACE, bf16_context, decision_of
 from .callbacks import RecordAndReport, SkipMeasuredBuilder, module_key
+from .intrinsics import register_log_intrinsics
 from .progress import Progress
 
 # Searches stop early when a task cannot produce new candidates; a resumed task whose search
@@ -18,6 +20,7 @@ MAX_ROUNDS = 3
 
 def open_database(work_dir: str, component: str = "tvmamp.tune"):
     """meta_schedule's JSONDatabase on ``work_dir`` (created if absent), errors made readable."""
+    register_log_intrinsics(work_dir)  # TVM replays every record's trace when it opens the log
     try:
         return ms.database.JSONDatabase(work_dir=work_dir, allow_missing=True)
     except Exception as err:  # TVM raises its own error types for unreadable records
@@ -51,11 +54,9 @@ class Session:
         Each task's default schedule is timed too, once per log, and handed to ``on_default``.
         """
         progress = Progress(total, self.options.progress)
-        callback = RecordAndReport(self.database, self.cost_model, progress)
         try:
             for task, so_far in pending:
-                ctx = self._context(task)
-                self._warm_up(ctx)
+                ctx, callback = self._prepare(task, progress)
                 best = so_far.best_ms / 1e3 if so_far.best_ms is not None else None
                 progress.start_task(task.name, best)
                 self._tune(ctx, task.trials, callback)
@@ -68,8 +69,19 @@ class Session:
             progress.close()
         return progress.new_trials
 
-    def _context(self, task) -> ms.TuneContext:
-        return make_context(task, self.target, self.options)
+    def _prepare(self, task, progress) -> tuple:
+        """The task's TuneContext, told what the log measured before, and its measure callback.
+
+        The cost model only guides the evolutionary search: the bf16 space is enumerated, so
+        its tasks neither train nor use it.
+        """
+        done: set = set()  # the bf16 space's decisions measured so far
+        ctx = make_context(task, self.target, self.options, done)
+        if task.space == BF16_SPACE:
+            done.update(decision_of(r.trace) for r in self._records(ctx))
+            return ctx, RecordAndReport(self.database, None, progress)
+        self._warm_up(ctx)
+        return ctx, RecordAndReport(self.database, self.cost_model, progress)
 
     def _records(self, ctx) -> list:
         workload = self.database.commit_workload(ctx.mod)
@@ -82,8 +94,7 @@ class Session:
             return
         candidates = [r.as_measure_candidate() for r in records]
         self.measured.update(module_key(c.sch.mod) for c in candidates)
-        results = [_as_result(r) for r in records]
-        self.cost_model.update(ctx, candidates, results)
+        self.cost_model.update(ctx, candidates, [_as_result(r) for r in records])
 
     def _tune(self, ctx, budget: int, callback) -> None:
         for _ in range(MAX_ROUNDS):
@@ -109,8 +120,15 @@ class Session:
                 return  # the search found nothing new to measure
 
 
-def make_context(task, target, options) -> ms.TuneContext:
-    """meta_schedule's TuneContext for one task: post-order-apply space, evolutionary search."""
+def make_context(task, target, options, done: set | None = None) -> ms.TuneContext:
+    """meta_schedule's TuneContext for one task, in the task's design space.
+
+    bf16 GEMM tasks (``task.space == "bf16-gemm"``) get tvmamp's vdpbf16ps/AMX configurations,
+    each measured once (``done``: the decisions measured before, not proposed again); the
+    others TVM's post-order-apply space with evolutionary search.
+    """
+    if task.space == BF16_SPACE:
+        return bf16_context(task, target, options, done)
     population = options.population_size or min(512, max(64, 8 * task.trials))
     strategy = ms.search_strategy.EvolutionarySearch(population_size=population)
     return ms.TuneContext(

@@ -1,0 +1,46 @@
+"""Tune a bf16 model in the vdpbf16ps/AMX space, then build with the log in a fresh process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tvmamp import models
+
+TARGET = "llvm -num-cores=1"
+MODEL = {"batch": 64, "hidden": 256, "layers": 2, "seed": 5}
+
+# Run in a fresh interpreter: nothing from the tuning process can leak into the build.
+FRESH_BUILD = os.path.join(os.path.dirname(__file__), "tuning_bf16_fresh_build.py")
+
+
+@pytest.mark.slow  # 1-3 minutes here: 14 candidates built and timed, then four builds
+def test_tuned_bf16_log_applies_in_a_fresh_build(tmp_path):
+    from tvmamp.tuning import tune
+
+    mod, params = models.simple_net(**MODEL)
+    work_dir = tmp_path / "log"
+    result = tune(mod, TARGET, "O2", "bfloat16", work_dir, 40, params, progress=False, seed=2)
+    gemms = [t for t in result.tasks if t.trials > 0]
+    assert len(gemms) == 2 and all("matmul" in t.name for t in gemms)
+    # the space has 7 distinct kernels here (one AMX blocking, six register tiles): each is
+    # measured once, and the rest of the 40 trials is not spent on repeats
+    assert [(t.trials, t.done) for t in gemms] == [(7, 7), (7, 7)]
+    manifest = json.loads((work_dir / "tvmamp_manifest.json").read_text())
+    assert {t["space"] for t in manifest["tasks"] if t["trials"]} == {"bf16-gemm"}
+    env = dict(os.environ, TVM_NUM_THREADS="1")
+    args = [sys.executable, FRESH_BUILD, str(work_dir), TARGET, json.dumps(MODEL)]
+    proc = subprocess.run(args, capture_output=True, text=True, env=env, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["err"] <= 1e-2 and out["tile_err"] <= 1e-2, out
+    assert out["asm"] and out["tile_asm"], out
+    # weights are packed once, at compile time, whichever record is applied: no weight goes
+    # through a packing function at run time, and each kernel gets a constant packed in pairs
+    assert out["packing"] == [0, 2] and out["tile_packing"] == [0, 2], out
+    # the log keeps a default kernel that was timed faster, so it never slows the build down
+    assert out["ratio"] <= 1.25, out

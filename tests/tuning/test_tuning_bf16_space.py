@@ -1,0 +1,168 @@
+"""bf16 GEMM tasks are tuned in tvmamp's vdpbf16ps/AMX space: grouping, budget, the space."""
+
+from __future__ import annotations
+
+import pytest
+import tvm
+from tvm import relax, s_tir
+from tvm.s_tir import TensorIntrin
+from tvm.s_tir import meta_schedule as ms
+
+import tvmamp
+from tvmamp import models
+from tvmamp.schedules import x86_amx_intrin
+from tvmamp.schedules.cpu_bf16_tuning import (
+    AMX_K_BLOCKS,
+    AMX_N_BLOCKS,
+    bf16_matmul_spaces,
+    distinct_choices,
+    gemm_extents,
+    plan_key,
+    tuning_choices,
+)
+from tvmamp.tuning.bf16_gemm import BF16_SPACE, DEFAULT_SPACE, EnumerateSpaces, decision_of
+from tvmamp.tuning.callbacks import module_key
+from tvmamp.tuning.intrinsics import TVMAMP_INTRIN, only_target_intrinsics, register_log_intrinsics
+from tvmamp.tuning.tasks import Task, extract_tasks, split_budget
+
+# sapphirerapids: avx512_bf16 and AMX-BF16; znver4: avx512_bf16 only; skylake-avx512: neither.
+AMX = tvm.target.Target({"kind": "llvm", "mcpu": "sapphirerapids", "num-cores": 1})
+VDPBF16PS = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 1})
+NO_BF16 = {"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 1}
+
+
+def _gemm_func(m: int, k: int, n: int) -> tvm.tirx.PrimFunc:
+    """The legalized PrimFunc of ``x[m, k] @ w[k, n]``, bf16 in, fp32 out."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((m, k), "bfloat16"))
+    w = relax.Var("w", relax.TensorType((k, n), "bfloat16"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.matmul(x, w, out_dtype="float32"))
+        bb.emit_func_output(out)
+    mod = relax.transform.LegalizeOps()(bb.get())
+    return next(f for _, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc))
+
+
+def _spaces(func, target) -> list[s_tir.Schedule]:
+    with only_target_intrinsics(("x86",)):
+        ctx = ms.TuneContext(
+            mod=tvm.IRModule({"main": func}),
+            target=target,
+            space_generator=bf16_matmul_spaces(target),
+            search_strategy=EnumerateSpaces(),
+        )
+        return list(ctx.generate_design_space())
+
+
+def test_bf16_matmul_tasks_get_the_bf16_space_and_others_keep_the_default():
+    mod, params = models.simple_net(batch=64, hidden=128, layers=2, seed=1)
+    tasks = extract_tasks(tvmamp.convert(mod, "O2", AMX, "bfloat16", params))
+    spaces = {t.name: (t.space, t.space_size) for t in tasks}
+    gemms = [n for n in spaces if "matmul" in n]
+    assert len(gemms) == 2 and len(spaces) > 2
+    for name, (space, size) in spaces.items():
+        expected = BF16_SPACE if name in gemms else DEFAULT_SPACE
+        assert space == expected, (name, space)
+        assert (size is not None and size > 1) if name in gemms else size is None
+    # without avx512_bf16 the bf16 kernels are tuned in meta_schedule's generic space
+    with pytest.warns(UserWarning, match="no avx512_bf16"):
+        plain = extract_tasks(tvmamp.convert(mod, "O2", NO_BF16, "bfloat16", params))
+    assert {t.space for t in plain} == {DEFAULT_SPACE}
+
+
+def test_budget_beyond_a_space_goes_to_the_other_tasks():
+    def task(name, flops, size=None):
+        return Task(name, None, 1, flops, name, space_size=size)
+
+    tasks = [task("gemm", 600.0, size=5), task("conv", 300.0), task("add", 100.0), task("cast", 0)]
+    trials = {t.name: t.trials for t in split_budget(tasks, 40)}
+    assert trials == {"gemm": 5, "conv": 26, "add": 9, "cast": 0}
+    assert sum(trials.values()) == 40
+    small = {t.name: t.trials for t in split_budget(tasks, 10)}
+    assert small == {"gemm": 5, "conv": 4, "add": 1, "cast": 0}
+
+
+def test_choices_hold_the_amx_blocks_only_where_amx_exists():
+    amx, vdp = tuning_choices(AMX), tuning_choices(VDPBF16PS)
+    base = type(amx[0])()
+    assert amx[0] == base and vdp[0] == base  # the default schedule comes first
+    blocks = {(c.amx_n_block, c.amx_k_block) for c in amx if c.amx}
+    assert blocks == {(n, k) for n in AMX_N_BLOCKS for k in AMX_K_BLOCKS}
+    assert {(c.amx_n_block, c.amx_k_block) for c in vdp} == {(base.amx_n_block, base.amx_k_block)}
+    tiles = {(c.tile_i, c.vectors_j) for c in vdp if not c.amx}
+    assert len(tiles) >= 5 and all(i * j <= 28 for i, j in tiles)
+    assert len(set(map(repr, amx))) == len(amx)  # no duplicates
+
+
+@pytest.mark.parametrize(
+    ("shape", "target", "kernels"),
+    [
+        # K = 1024: k_block 1024 and 2048 give the same single block
+        ((512, 1024, 1024), AMX, {"amx": 6, "vdpbf16ps": 6}),
+        ((257, 4096, 1024), AMX, {"amx": 9, "vdpbf16ps": 6}),
+        ((64, 96, 80), AMX, {"amx": 1, "vdpbf16ps": 6}),  # J and K below every block
+        ((1, 256, 512), AMX, {"vdpbf16ps": 3}),  # batch 1: no AMX, the GEMV tiles
+        ((512, 1024, 1024), VDPBF16PS, {"vdpbf16ps": 6}),
+    ],
+)
+def test_distinct_choices_give_distinct_kernels(shape, target, kernels):
+    func = _gemm_func(*shape)
+    extents = gemm_extents(func)
+    keys = [plan_key(extents, target, c) for c in distinct_choices(func, target)]
+    assert len(set(keys)) == len(keys)
+    counts = {kind: [k[0] for k in keys].count(kind) for kind in ("amx", "vdpbf16ps")}
+    assert counts == {"amx": 0, **kernels}
+
+
+def test_space_yields_decided_schedules_that_replay_from_json():
+    func = _gemm_func(64, 96, 80)
+    spaces = _spaces(func, AMX)
+    assert len(spaces) == len(distinct_choices(func, AMX)) == 7
+    assert len({module_key(s.mod) for s in spaces}) == len(spaces)
+    for index, space in enumerate(spaces):
+        insts = {i.kind.name: i for i in space.trace.insts}
+        assert int(space.trace.decisions[insts["SampleCategorical"]]) == index
+        intrin = str(insts["Tensorize"].attrs[0])
+        assert intrin.startswith("tvmamp_x86_amx" if index == 0 else "tvmamp_x86_dpbf16ps")
+        # what a tuning log stores and a build replays: the trace as JSON
+        replayed = s_tir.Schedule(tvm.IRModule({"main": func}))
+        s_tir.Trace.apply_json_to_schedule(space.trace.as_json(), replayed)
+        tvm.ir.assert_structural_equal(replayed.mod, space.mod)
+
+
+def test_a_decided_space_builds_with_vdpbf16ps():
+    func = _gemm_func(48, 64, 64)
+    space = _spaces(func, VDPBF16PS)[1]
+    # as meta_schedule's builder does: the weight packing becomes the caller's job
+    mod = tvm.s_tir.transform.RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(space.mod)
+    mod = tvm.IRModule({"main": mod["main"].with_attr("global_symbol", "main")})
+    built = tvm.compile(mod, target=VDPBF16PS)
+    mods = [built.mod, *built.mod.imports]
+    assert "vdpbf16ps" in "".join(m.inspect_source("asm") for m in mods if m.kind == "llvm")
+
+
+def test_enumeration_measures_each_space_once_and_skips_measured_ones():
+    spaces = _spaces(_gemm_func(64, 96, 80), AMX)
+    done = {2}  # the decision an earlier run measured
+    strategy = EnumerateSpaces(done)
+    strategy.pre_tuning(5, 2, spaces, None, None)
+    batches = []
+    while (batch := strategy.generate_measure_candidates()) is not None:
+        batches.append([decision_of(c.sch.trace) for c in batch])
+        strategy.notify_runner_results(batch, [])
+    assert batches == [[0, 1], [3, 4], [5]]
+    assert done == {0, 1, 2, 3, 4, 5}  # shared: a second round proposes only the rest
+    strategy.pre_tuning(5, 2, spaces, None, None)
+    assert [decision_of(c.sch.trace) for c in strategy.generate_measure_candidates()] == [6]
+
+
+def test_log_intrinsics_are_registered_before_replay(tmp_path):
+    name = x86_amx_intrin.amx_intrin(64, "global")  # the name pattern the log scan looks for
+    assert TVMAMP_INTRIN.fullmatch(name)
+    k = 32 * 77  # a reduction length nothing registered yet
+    fresh = name.replace("32x32x64_global", f"32x32x{k}_local")
+    assert TensorIntrin.get(fresh, allow_missing=True) is None
+    (tmp_path / "database_tuning_record.json").write_text(f'[0, [[["Tensorize", ["{fresh}"]]]]]\n')
+    register_log_intrinsics(str(tmp_path))
+    assert TensorIntrin.get(fresh, allow_missing=True) is not None

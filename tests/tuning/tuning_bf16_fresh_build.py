@@ -1,0 +1,113 @@
+"""Build a tuned bf16 SimpleNet in a fresh process (run by test_tuning_bf16_end_to_end.py).
+
+Nothing from the tuning process (registered intrinsics, databases) is present here, so the log's
+traces are replayed as a user's build replays them. Besides the log's own build, it builds with
+one register-tile record per kernel alone (the vdpbf16ps path), then prints one JSON line:
+numerics, instructions, where weights are packed, and the tuned/untuned time ratio.
+
+Usage: python tuning_bf16_fresh_build.py LOG TARGET MODEL_JSON
+"""
+
+import json
+import sys
+
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.s_tir import meta_schedule as ms
+
+import tvmamp
+from tvmamp import models
+from tvmamp.benchmark import max_rel_error, paired_medians
+from tvmamp.build import _pipeline
+from tvmamp.executable import Executable
+from tvmamp.tuning import load_tuning_log
+from tvmamp.tuning.tasks import lower_for_tuning
+
+
+def reference(params, layers, x):
+    """SimpleNet in float64 numpy."""
+    out = x.astype("float64")
+    for i in range(layers):
+        w, b = params[f"linear{i}.weight"], params[f"linear{i}.bias"]
+        out = out @ w.T.astype("float64") + b
+        out = np.maximum(out, 0) if i < layers - 1 else out
+    return out
+
+
+def packing(converted, database):
+    """(constants packed at run time, constants already in the [.., 16, 2] pair layout)."""
+    with converted.target, database:
+        mod = relax.transform.MetaScheduleApplyDatabase()(lower_for_tuning(converted))
+        mod = tvm.transform.Sequential(converted.entry.schedule_passes(converted.target))(mod)
+    calls = []
+
+    def visit(e):
+        if isinstance(e, relax.Call) and e.op.name == "relax.call_tir":
+            calls.append(e)
+
+    relax.analysis.post_order_visit(mod["main"].body, visit)
+    packs = [c for c in calls if c.args[0].name_hint.endswith("_prepack")]
+    pairs = [a for a in constants(calls) if tuple(a.value.shape[-2:]) == (16, 2)]
+    return len(constants(packs)), len(pairs)
+
+
+def constants(calls):
+    args = [a for c in calls for a in c.args[1].fields]
+    return [a for a in args if isinstance(a, tvm.ir.expr.Constant)]
+
+
+def register_tile_records(log):
+    """A database with, per kernel, the log's first vdpbf16ps register-tile record alone."""
+    raw, tiles = ms.database.JSONDatabase(work_dir=log), ms.database.MemoryDatabase()
+    records = raw.get_all_tuning_records()
+    for workload in {str(r.workload.as_json()[0]) for r in records}:
+        mine = [r for r in records if str(r.workload.as_json()[0]) == workload]
+        tile = next(r for r in mine if "dpbf16ps_16x2" in str(r.trace))
+        record = ms.database.TuningRecord(
+            tile.trace,
+            tiles.commit_workload(tile.workload.mod),
+            tile.run_secs,
+            tile.target,
+            tile.args_info,
+        )
+        tiles.commit_tuning_record(record)
+    return tiles
+
+
+def build_with(converted, database):
+    """Compile as tvmamp.build does, with ``database`` applied in phase 3."""
+    pipeline = _pipeline(converted.target, converted.entry, converted.policy, database)
+    with database:
+        vm_exec = tvm.compile(converted.mod, target=converted.target, relax_pipeline=pipeline)
+    c = converted
+    return Executable(vm_exec, c.target, c.mod, c.report, c.policy)
+
+
+def main():
+    log, target, model = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    mod, params = models.simple_net(**model)
+    x = models.example_inputs(mod)[0]
+    ref = reference(params, model["layers"], x)
+    exe = tvmamp.build(mod, "O2", target, "bfloat16", params, tuning_log=log)
+    untuned = tvmamp.build(mod, "O2", target, "bfloat16", params)
+    converted = tvmamp.convert(mod, "O2", target, "bfloat16", params)
+    database, _ = load_tuning_log(log, converted)
+    tiles = register_tile_records(log)
+    tiled = build_with(converted, tiles)
+    tuned_s, untuned_s = paired_medians([lambda: exe(x), lambda: untuned(x)], 25)
+    out = {
+        "notes": exe.notes,
+        "err": max_rel_error(exe(x), ref),
+        "asm": [k for k in ("tdpbf16ps", "vdpbf16ps") if k in exe.get_source("asm")],
+        "packing": packing(converted, database),
+        "tile_err": max_rel_error(tiled(x), ref),
+        "tile_asm": "vdpbf16ps" in tiled.get_source("asm"),
+        "tile_packing": packing(converted, tiles),
+        "ratio": tuned_s / untuned_s,
+    }
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
