@@ -1,4 +1,4 @@
-"""The im2col gather of a conv2d, read from NHWC rows, as a TIR kernel of its own."""
+"""The im2col gather of a conv2d from NHWC rows, fused into its GEMM or as a kernel of its own."""
 
 from __future__ import annotations
 
@@ -9,8 +9,14 @@ from tvm import relax, te, tirx
 # relax's OpPatternKind.kOpaque: FuseOps leaves the gather alone, so that it stays one
 # contiguous copy per (pixel, tap) instead of being inlined into (and recomputing) its producers.
 OPAQUE_PATTERN = 8
+# relax's OpPatternKind.kOutEWiseFusable: FuseOps fuses the elementwise ops that follow a
+# conv GEMM into it (its epilogue), as it does for a matmul.
+GEMM_PATTERN = 4
 # PrimFunc attribute naming the gather's channel count; tvmamp.schedules.cpu_bf16_conv reads it.
 IM2COL_ATTR = "tvmamp.im2col_channels"
+# Block annotation (the channel count) of the gather inside a conv GEMM kernel: the bf16 GEMM
+# rule inlines that block into the packing of the GEMM's left operand, not into the GEMM.
+GATHER_ATTR = "tvmamp.im2col_gather"
 
 
 @dataclass(frozen=True)
@@ -60,7 +66,36 @@ def emit_im2col(bb: relax.BlockBuilder, rows: relax.Expr, g: Geometry) -> relax.
     return bb.emit(call)
 
 
-def _im2col(rows: te.Tensor, g: Geometry) -> te.Tensor:
+def emit_conv_gemm(
+    bb: relax.BlockBuilder, rows: relax.Expr, weight: relax.Expr, g: Geometry, out_dtype: str
+) -> relax.Var:
+    """Emit ``rows -> im2col -> @ weight`` as one kernel whose gather feeds the GEMM's packing.
+
+    ``weight`` is the ``[KH*KW*C, F]`` matrix. The im2col matrix is never stored as such: the
+    GEMM rule inlines the gather block (annotated :data:`GATHER_ATTR`) into its copy of the
+    left operand, so each conv copies its input once, straight into the kernel's layout.
+    """
+    call = bb.call_te(
+        lambda x, w: _gemm(_im2col(x, g, {GATHER_ATTR: g.c}), w, out_dtype),
+        rows,
+        weight,
+        primfunc_name_hint="conv2d_gemm",
+        primfunc_attrs={"op_pattern": GEMM_PATTERN},
+    )
+    return bb.emit(call)
+
+
+def _gemm(col: te.Tensor, weight: te.Tensor, out_dtype: str) -> te.Tensor:
+    """``col @ weight`` accumulated in ``out_dtype``, as ``relax.matmul`` legalises it."""
+    k = te.reduce_axis((0, col.shape[1]), name="k")
+    return te.compute(
+        (col.shape[0], weight.shape[1]),
+        lambda i, j: te.sum(col[i, k].astype(out_dtype) * weight[k, j].astype(out_dtype), axis=k),
+        name="matmul",
+    )
+
+
+def _im2col(rows: te.Tensor, g: Geometry, attrs: dict | None = None) -> te.Tensor:
     """The gather itself, zero outside the input (the conv's padding)."""
     pixels = g.out_h * g.out_w
 
@@ -75,4 +110,4 @@ def _im2col(rows: te.Tensor, g: Geometry) -> te.Tensor:
         value = rows[(b * g.h + y) * g.w + x, ch]
         return tirx.if_then_else(inside, value, tirx.const(0, rows.dtype))
 
-    return te.compute((g.n * pixels, g.kh * g.kw * g.c), gather, name="im2col")
+    return te.compute((g.n * pixels, g.kh * g.kw * g.c), gather, name="im2col", attrs=attrs)

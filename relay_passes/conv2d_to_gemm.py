@@ -5,8 +5,10 @@ kernels. A convolution ``O[n, f, y, x] = sum W[f, c, ky, kx] * D[n, c, y*s + ky*
 becomes ``col[n*OH*OW, (ky*KW + kx)*C + c] @ W2[(ky*KW + kx)*C + c, f]``: ``W2`` is the weight
 transposed to ``[ky, kx, c, f]`` and flattened (``FoldConstant`` evaluates it at compile time,
 and the GEMM rule then packs it), and ``col`` is gathered from the input in *NHWC rows*
-``[n*H*W, C]`` by a kernel of its own (:mod:`.conv2d_im2col`), one contiguous channel vector per
-pixel and tap.
+``[n*H*W, C]`` (:mod:`.conv2d_im2col`), one contiguous channel vector per pixel and tap. The
+gather and the GEMM are one kernel: the GEMM rule inlines the gather into its packing of ``col``,
+so the im2col matrix is written once, in the layout the GEMM kernel reads (convs with few
+channels keep a gather kernel of their own, see ``gather_channels``).
 
 The GEMM result ``[n*OH*OW, F]`` is those rows for the next layer, so it stays in that layout:
 the elementwise ops that follow (casts, per-channel bias, inference batch-norm, activations,
@@ -22,7 +24,7 @@ import tvm
 from tvm import relax, tirx
 from tvm.relax import PyExprMutator
 
-from .conv2d_im2col import Geometry, emit_im2col
+from .conv2d_im2col import Geometry, emit_conv_gemm, emit_im2col
 from .conv2d_rows import Rows, rows_call
 
 _CONV = tvm.ir.Op.get("relax.nn.conv2d")
@@ -37,14 +39,25 @@ class Conv2dToGemm:
     dtype : str
         The input dtype of the convolutions to rewrite ("bfloat16" by default); others, and
         the ops around them, are left alone.
+    gather_channels : int
+        The im2col gather is fused into the GEMM (:func:`.conv2d_im2col.emit_conv_gemm`) when
+        the input channels are a multiple of this (32: one 64-byte bf16 vector per tap, so the
+        GEMM's packing copies whole vectors). Other convs (an RGB stem, C = 3) gather with a
+        kernel of their own, which copies each tap's few channels faster than the packing's
+        element-wise gather does.
     """
 
-    def __init__(self, dtype: str = "bfloat16"):
+    def __init__(self, dtype: str = "bfloat16", gather_channels: int = 32):
+        if gather_channels < 1:
+            raise ValueError(
+                f"tvmamp.Conv2dToGemm: gather_channels={gather_channels} is not a positive int"
+            )
         self.dtype = dtype
+        self.gather_channels = gather_channels
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         """Rewrite the conv2d calls of every Relax function of ``mod``."""
-        rewriter = _Rewriter(mod, self.dtype)
+        rewriter = _Rewriter(mod, self.dtype, self.gather_channels)
         for gvar, func in mod.functions_items():
             if isinstance(func, relax.Function):
                 rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
@@ -78,9 +91,10 @@ class _Rewriter(PyExprMutator):
     the variable itself is not emitted unless a use needs it (:meth:`_nchw`).
     """
 
-    def __init__(self, mod: tvm.IRModule, dtype: str):
+    def __init__(self, mod: tvm.IRModule, dtype: str, gather_channels: int):
         super().__init__(mod)
         self.dtype = dtype
+        self.gather_channels = gather_channels
         self.rows: dict[relax.Var, Rows] = {}
         self.nchw: dict[relax.Var, relax.Var] = {}
 
@@ -121,12 +135,17 @@ class _Rewriter(PyExprMutator):
         data, weight = call.args
         g = Geometry.of(call.attrs, static_shape(data), static_shape(weight))
         bb = self.builder_
-        col = emit_im2col(bb, self._input_rows(data, g), g)
+        rows = self._input_rows(data, g)
+        fused = not g.pointwise and g.c % self.gather_channels == 0
+        col = rows if fused else emit_im2col(bb, rows, g)  # pointwise: the rows are col
         f = static_shape(weight)[0]
         hwio = relax.op.permute_dims(self.visit_expr(weight), (2, 3, 1, 0))
         w2 = bb.emit(relax.op.reshape(hwio, (g.kh * g.kw * g.c, f)))
         out_dtype = str(call.attrs.out_dtype) or self.dtype
-        gemm = bb.emit(relax.op.matmul(col, w2, out_dtype=out_dtype))
+        if fused:
+            gemm = emit_conv_gemm(bb, rows, w2, g, out_dtype)
+        else:
+            gemm = bb.emit(relax.op.matmul(col, w2, out_dtype=out_dtype))
         return Rows(gemm, g.n, g.out_h, g.out_w, f)
 
     def _input_rows(self, data: relax.Expr, g: Geometry) -> relax.Expr:

@@ -1,16 +1,42 @@
-"""Schedule of the conv-to-GEMM im2col gather: one vector copy per (pixel, tap, channel block)."""
+"""The conv-to-GEMM im2col gather: found inside conv GEMM kernels, or scheduled on its own."""
 
 from __future__ import annotations
 
 import math
 
 from tvm import s_tir, tirx
+from tvm.s_tir.dlight.gpu.matmul import get_reduction_blocks
 from tvm.s_tir.schedule import SBlockRV
 from tvm.target import Target
 
-from tvmamp.relay_passes.conv2d_im2col import IM2COL_ATTR
+from tvmamp.relay_passes.conv2d_im2col import GATHER_ATTR, IM2COL_ATTR
 
+from .cpu_bf16_common import root_blocks
 from .cpu_common import largest_divisor, use_parallel, vector_lanes
+from .cpu_matmul_analysis import iter_kinds
+
+
+def has_gather(sch: s_tir.Schedule) -> bool:
+    """Return whether the function holds an im2col gather block (a conv GEMM kernel)."""
+    return any(GATHER_ATTR in sch.get(b).annotations for b in root_blocks(sch))
+
+
+def find_conv_gemm(sch: s_tir.Schedule) -> SBlockRV | None:
+    """Return the GEMM block of a conv GEMM kernel (:func:`.conv2d_im2col.emit_conv_gemm`).
+
+    Unlike :func:`.cpu_matmul_analysis.find_matmul_block`, the gather is not inlined into the
+    GEMM (its reads would no longer be an einsum's): the GEMM rule inlines it into its copy
+    of the left operand. Returns ``None`` unless the GEMM reads the gather and one other buffer.
+    """
+    reductions = get_reduction_blocks(sch, root_blocks(sch))
+    if reductions is None:
+        return None
+    main = reductions[0]
+    producers = sch.get_producers(main)
+    gathers = [p for p in producers if GATHER_ATTR in sch.get(p).annotations]
+    if len(producers) != 1 or len(gathers) != 1 or iter_kinds(sch.get(main)) is None:
+        return None
+    return main
 
 
 def im2col_channels(func: tirx.PrimFunc) -> int | None:

@@ -24,6 +24,7 @@ from .cpu_bf16_common import (
     mark_preproc,
     reads_only_params,
 )
+from .cpu_bf16_conv import find_conv_gemm, has_gather
 from .cpu_common import CPURule, NotApplicable, inline_epilogue, use_parallel
 from .cpu_matmul_analysis import find_matmul_block, normalize
 
@@ -91,7 +92,7 @@ class CPUMatmulBF16(CPURule):
         sch = self.static_schedule(func, target)
         if sch is None:
             return None
-        main = find_matmul_block(sch)
+        main = find_gemm(sch)
         if main is None or not is_bf16_matmul(sch.get(main)):
             return None
         try:
@@ -101,6 +102,15 @@ class CPUMatmulBF16(CPURule):
             logger.info("CPUMatmulBF16 left a function to the generic rule: %s", err)
             return None
         return sch
+
+
+def find_gemm(sch: s_tir.Schedule) -> SBlockRV | None:
+    """Return the gemm block this rule schedules: that of a matmul or of a conv GEMM kernel.
+
+    A conv GEMM's im2col gather stays a producer (:func:`.cpu_bf16_conv.find_conv_gemm`), to be
+    inlined into the copy of ``A`` by :func:`prepare`; other producers are inlined into the gemm.
+    """
+    return find_conv_gemm(sch) if has_gather(sch) else find_matmul_block(sch)
 
 
 @dataclass
@@ -176,12 +186,15 @@ def prepare(
 
     ``A`` is read in place when it is K-contiguous and needs no padding; otherwise a padded
     copy is made by an activation pre-processing block. ``pack_a(sch, block)``, if given,
-    always packs ``A`` in that block instead (the AMX tile layout). Returns the padded extents.
+    always packs ``A`` in that block instead (the AMX tile layout). A producer of ``A`` (the
+    im2col gather of a conv) is inlined into that copy, which then is the only one. Returns the
+    padded extents.
     """
     extents = [int(iv.dom.extent) for iv in sch.get(main).iter_vars]
     if any(e % p for e, p in zip(extents, padding, strict=True)):
         sch.pad_einsum(main, padding)
     reindex_a, reindex_b = sch.get_producers(main)
+    gathered = bool(sch.get_producers(reindex_a))
     for block in (reindex_a, reindex_b):
         auto_inline_producers(sch, block)
         if not reads_only_params(sch, block):
@@ -190,7 +203,12 @@ def prepare(
         pack_a(sch, reindex_a)
         _parallel_outer(sch, reindex_a, target)
         mark_preproc(sch, reindex_a, weight=False)
-    elif a_contiguous and extents[1] % padding[1] == 0 and extents[3] % padding[3] == 0:
+    elif (
+        a_contiguous
+        and not gathered
+        and extents[1] % padding[1] == 0
+        and extents[3] % padding[3] == 0
+    ):
         sch.compute_inline(reindex_a)
     else:
         _copy_rows(sch, reindex_a, target)
@@ -227,12 +245,16 @@ def _pack_pairs(sch: s_tir.Schedule, pack: SBlockRV, target: Target) -> None:
 
 
 def _copy_rows(sch: s_tir.Schedule, copy: SBlockRV, target: Target) -> None:
-    """Vectorise the padded copy of ``A[S, I, K]`` along ``K`` (an activation pre-process)."""
-    loops = sch.get_loops(copy)
-    inner = loops[-1]
+    """Vectorise the padded copy of ``A[S, I, K]`` along ``K`` (an activation pre-process).
+
+    The vectors are 64 bytes (32 bf16) where ``K`` allows, else 32 bytes: a conv's gather
+    (inlined here) then copies whole channel vectors of a tap.
+    """
+    inner = sch.get_loops(copy)[-1]
     extent = int(sch.get(inner).extent)
-    if extent % intrin.LANES == 0:
-        inner = sch.split(inner, [None, intrin.LANES])[-1]
+    width = next((w for w in (2 * intrin.LANES, intrin.LANES) if extent % w == 0), None)
+    if width is not None and width < extent:
+        inner = sch.split(inner, [None, width])[-1]
     sch.vectorize(inner)
     _parallel_outer(sch, copy, target)
     mark_preproc(sch, copy, weight=False)
@@ -269,4 +291,4 @@ def vectorize_rows(sch: s_tir.Schedule, block: SBlockRV) -> None:
     sch.unroll(row)
 
 
-__all__ = ["PREPROC", "CPUMatmulBF16", "make_plan", "prepare", "schedule_matmul"]
+__all__ = ["PREPROC", "CPUMatmulBF16", "find_gemm", "make_plan", "prepare", "schedule_matmul"]

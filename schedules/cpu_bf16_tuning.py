@@ -33,9 +33,9 @@ from tvm.target import Target
 
 from . import cpu_bf16_amx as amx
 from .cpu_bf16_common import has_amx_bf16, is_bf16_matmul
-from .cpu_bf16_matmul import CPUMatmulBF16, make_plan, schedule_matmul, use_amx
+from .cpu_bf16_matmul import CPUMatmulBF16, find_gemm, make_plan, schedule_matmul, use_amx
 from .cpu_common import NotApplicable
-from .cpu_matmul_analysis import find_matmul_block, normalize
+from .cpu_matmul_analysis import normalize
 
 logger = logging.getLogger("tvmamp.schedules")
 COMPONENT = "tvmamp.schedules.bf16_matmul_space"
@@ -83,7 +83,7 @@ def plan_key(extents: list[int], target: Target, config: CPUMatmulBF16.Config) -
 def gemm_extents(func: tirx.PrimFunc) -> list[int] | None:
     """``[S, I, J, K]`` of the bf16 gemm in ``func`` as the rule normalises it (None: none)."""
     sch = s_tir.Schedule(func)
-    main = find_matmul_block(sch)
+    main = find_gemm(sch)
     if main is None or not is_bf16_matmul(sch.get(main)):
         return None
     try:
@@ -124,7 +124,7 @@ def sample_config(sch: s_tir.Schedule, choices, decision: int | None = None):
 
 
 def _apply(sch: s_tir.Schedule, target: Target, config) -> s_tir.Schedule:
-    main = find_matmul_block(sch)
+    main = find_gemm(sch)
     if main is None or not is_bf16_matmul(sch.get(main)):
         raise ValueError(f"{COMPONENT}: {_NOT_BF16}")
     schedule_matmul(sch, main, target, config)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 import tvm
 from tvm import relax
 from tvm.script import ir as I
 from tvm.script import relax as R
 
-from tvmamp.relay_passes.conv2d_im2col import Geometry, emit_im2col
+from tvmamp.relay_passes.conv2d_im2col import Geometry, emit_conv_gemm, emit_im2col
 from tvmamp.relay_passes.conv2d_to_gemm import Conv2dToGemm
 
 BF16 = "bfloat16"
@@ -155,3 +156,41 @@ def test_grouped_and_nhwc_convs_are_left_alone():
     tvm.ir.assert_structural_equal(_rewrite(Grouped), Grouped)
     nhwc = relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "OHWI"]})(Grouped)
     tvm.ir.assert_structural_equal(_rewrite(nhwc), nhwc)
+
+
+@I.ir_module
+class WideConvs:
+    @R.function
+    def main(x: R.Tensor((1, 32, 6, 5), BF16), w: R.Tensor((8, 32, 3, 3), BF16)):
+        with R.dataflow():
+            y = R.nn.conv2d(x, w, strides=2, padding=1, out_dtype="float32")
+            R.output(y)
+        return y
+
+
+def _expected_wide_conv() -> tvm.IRModule:
+    """32 channels: the gather and the GEMM are one kernel, reading the rows."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 32, 6, 5), BF16))
+    w = relax.Var("w", relax.TensorType((8, 32, 3, 3), BF16))
+    g = Geometry.of(_Attrs(stride=2), [1, 32, 6, 5], [8, 32, 3, 3])
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            rows = _input_rows(bb, x, 1, 32, 6, 5)
+            y = emit_conv_gemm(bb, rows, _weight_matrix(bb, w, 32, 8), g, "float32")
+            out = _to_nchw(bb, y, 1, 3, 3, 8, output=True)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_wide_convs_fuse_the_gather_into_the_gemm():
+    tvm.ir.assert_structural_equal(_rewrite(WideConvs), _expected_wide_conv())
+    # Below ``gather_channels`` the gather stays a kernel of its own.
+    narrow = Conv2dToGemm(BF16, gather_channels=64)(WideConvs)
+    names = [gv.name_hint for gv in narrow.get_global_vars()]
+    assert "im2col" in names and "conv2d_gemm" not in names
+
+
+def test_gather_channels_must_be_positive():
+    with pytest.raises(ValueError, match="gather_channels=0 is not a positive int"):
+        Conv2dToGemm(BF16, gather_channels=0)

@@ -149,3 +149,98 @@ def test_convnet_model_matches_fp32(rng):
     assert "tdpbf16ps" in exe.get_source("asm")
     err = np.abs(np.asarray(exe(x), "float64") - ref).max() / np.abs(ref).max()
     assert err <= 1e-2
+
+
+def _single_conv(c, f, size, kernel, stride, pad):
+    """One fp32 conv2d (no bias) on ``[1, c, *size]``; returns the module and its weight."""
+    w = np.random.default_rng(7).standard_normal((f, c, *kernel)).astype("float32")
+    w /= np.sqrt(c * kernel[0] * kernel[1])
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, c, *size), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            conv = relax.op.nn.conv2d(x, relax.const(w), strides=stride, padding=pad)
+            out = bb.emit_output(conv)
+        bb.emit_func_output(out)
+    return bb.get(), w
+
+
+def _force_fused_gather(monkeypatch) -> None:
+    """Make the pipeline fuse the gather into the GEMM for any channel count."""
+    import tvmamp.relay_passes.conv2d_to_gemm as conv2d_to_gemm
+
+    rewrite = conv2d_to_gemm.Conv2dToGemm
+    monkeypatch.setattr(
+        conv2d_to_gemm, "Conv2dToGemm", lambda dtype: rewrite(dtype, gather_channels=1)
+    )
+
+
+@pytest.mark.parametrize(("target", "instruction", "flag"), TARGETS)
+@pytest.mark.parametrize(  # at least 32 output pixels, so that AMX runs them
+    ("c", "f", "size", "kernel", "stride", "pad"),
+    [
+        (64, 40, (9, 8), (3, 3), 1, 1),  # two 32-channel vectors per tap; F not a tile multiple
+        (32, 33, (15, 13), (3, 3), 2, 1),  # stride 2, odd sizes
+        (5, 7, (13, 11), (3, 3), 2, (0, 1, 2, 1)),  # odd channels (forced), asymmetric padding
+        (32, 16, (16, 16), (1, 1), 2, 0),  # a strided 1x1 (ResNet's downsample) gathers too
+    ],
+)
+def test_fused_gather_conv_matches_numpy(
+    rng, monkeypatch, target, instruction, flag, c, f, size, kernel, stride, pad
+):
+    _needs_host(flag)
+    _force_fused_gather(monkeypatch)
+    mod, w = _single_conv(c, f, size, kernel, stride, pad)
+    pads = (pad,) * 4 if isinstance(pad, int) else pad
+    g = Geometry.of(_Attrs((stride,) * 2, (1, 1), pads), [1, c, *size], list(w.shape))
+    x = rng.standard_normal((1, c, *size)).astype("float32")
+    exe = tvmamp.build(mod, "O2", target, BF16)
+    assert instruction in exe.get_source("asm")
+    assert not any("im2col" in gv.name_hint for gv in _scheduled(mod, target).get_global_vars())
+    cols = _numpy_im2col(x.astype("float64"), g)
+    ref = cols @ w.transpose(2, 3, 1, 0).reshape(-1, f).astype("float64")
+    ref = ref.reshape(1, g.out_h, g.out_w, f).transpose(0, 3, 1, 2)
+    err = np.abs(np.asarray(exe(x), "float64") - ref).max() / np.abs(ref).max()
+    assert err <= 1e-2
+
+
+def _scheduled(mod, target: str, params=None) -> tvm.IRModule:
+    """``mod`` converted at O2 bf16, fused, scheduled and with its packing split out."""
+    converted = tvmamp.convert(mod, "O2", target, BF16, params=params)
+    with converted.target:
+        phases = [
+            *front_phases(converted.target, converted.entry, converted.policy),
+            *converted.entry.schedule_passes(converted.target),
+        ]
+        return tvm.transform.Sequential(phases)(converted.mod)
+
+
+def _calls(mod: tvm.IRModule) -> list[tuple[str, list[list[int]], list[int]]]:
+    """``(kernel name, argument shapes, output shape)`` of each ``call_tir`` of ``main``."""
+    calls = []
+
+    def visit(expr):
+        if isinstance(expr, relax.Call) and expr.op == tvm.ir.Op.get("relax.call_tir"):
+            shapes = [[int(d) for d in a.ty.shape] for a in expr.args[1].fields]
+            calls.append((expr.args[0].name_hint, shapes, [int(d) for d in expr.ty.shape]))
+
+    relax.analysis.post_order_visit(mod["main"], visit)
+    return calls
+
+
+@pytest.mark.parametrize("target", [AMX, "llvm -mcpu=znver4 -num-cores=1"], ids=["amx", "avx512"])
+def test_one_activation_copy_per_conv(target):
+    mod, params = tvmamp.models.conv_net(channels=32, size=16, blocks=3)
+    calls = _calls(_scheduled(mod, target, params))
+    # Only the first conv (C = 3, below gather_channels) keeps a gather kernel of its own.
+    assert [name for name, _, _ in calls if "im2col" in name] == ["im2col"], calls
+    convs = [call for call in calls if "conv2d_gemm" in call[0]]
+    copies = [call for call in convs if call[0].endswith("_weight_prepack")]  # split out
+    gemms = [call for call in convs if not call[0].endswith("_weight_prepack")]
+    assert len(gemms) == 2 and len(copies) == 2, calls  # convs 2 and 3 (conv 1 has C = 3)
+    for _, (source,), packed in copies:
+        assert source == [16 * 16, 32], calls  # read straight from the rows [n*h*w, c] ...
+        if target == AMX:  # ... into whole 16 x 32 AMX tiles of the 256 x 288 im2col matrix
+            assert packed == [1, 256 // 16, 288 // 32, 16, 32], calls
+    for (_, _, packed), (_, (operand, *_), _) in zip(copies, gemms, strict=True):
+        assert operand == packed, calls  # and the GEMM reads that copy
