@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import math
 from dataclasses import dataclass
 
@@ -27,8 +26,6 @@ from .cpu_bf16_common import (
 from .cpu_bf16_conv import find_conv_gemm, has_gather
 from .cpu_common import CPURule, NotApplicable, inline_epilogue, use_parallel
 from .cpu_matmul_analysis import find_matmul_block, normalize
-
-logger = logging.getLogger("tvmamp.schedules")
 
 
 class CPUMatmulBF16(CPURule):
@@ -79,6 +76,9 @@ class CPUMatmulBF16(CPURule):
         amx_n_block: int = 512
         amx_k_block: int = 1024
 
+    # The generic rule (widen + FMA) schedules what this rule gives up on.
+    DOES_NOT_FIT = (ScheduleError, tvm.error.InternalError)
+
     def __init__(self, config: Config | None = None):
         self.config = config or self.Config()
 
@@ -89,19 +89,18 @@ class CPUMatmulBF16(CPURule):
     def apply(  # pylint: disable=missing-function-docstring
         self, func: tirx.PrimFunc, target: Target, _: bool
     ) -> s_tir.Schedule | None:
-        sch = self.static_schedule(func, target)
-        if sch is None:
-            return None
-        main = find_gemm(sch)
-        if main is None or not is_bf16_matmul(sch.get(main)):
-            return None
-        try:
-            schedule_matmul(sch, main, target, self.config)
-        except (ScheduleError, NotApplicable, tvm.error.InternalError) as err:
-            # The generic rule (widen + FMA) schedules the function instead.
-            logger.info("CPUMatmulBF16 left a function to the generic rule: %s", err)
-            return None
-        return sch
+        return self.schedule_block(
+            func,
+            target,
+            _bf16_gemm,
+            lambda sch, main: schedule_matmul(sch, main, target, self.config),
+        )
+
+
+def _bf16_gemm(sch: s_tir.Schedule) -> SBlockRV | None:
+    """The bf16 x bf16 -> fp32 gemm block of ``sch``, or None."""
+    main = find_gemm(sch)
+    return main if main is not None and is_bf16_matmul(sch.get(main)) else None
 
 
 def find_gemm(sch: s_tir.Schedule) -> SBlockRV | None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import math
+from collections.abc import Callable
 
 from tvm import DataType, s_tir, tirx
 from tvm.s_tir.dlight.analysis import get_root_block
@@ -19,6 +21,8 @@ _DEFAULT_VECTOR_BITS = 128
 # Below this many scalar operations a parallel loop costs more than it saves.
 PARALLEL_MIN_WORK = 1 << 16
 
+logger = logging.getLogger("tvmamp.schedules")
+
 
 class CPURule(ScheduleRule):
     """Base class of the tvmamp CPU rules: applicable to ``llvm`` targets only."""
@@ -27,12 +31,39 @@ class CPURule(ScheduleRule):
         """Return whether ``target`` is an LLVM (CPU) target."""
         return target.kind.name == "llvm"
 
+    #: Exceptions that mean the function does not fit this rule after all: ``schedule_block``
+    #: then returns None and the next rule schedules the function.
+    DOES_NOT_FIT: tuple = (ScheduleError,)
+
     def static_schedule(self, func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
         """A Schedule of ``func`` if this rule may apply: a PrimFunc, this target, static shapes."""
         if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
             return None
         sch = s_tir.Schedule(func)
         return sch if all_static(sch) else None
+
+    def schedule_block(
+        self,
+        func: tirx.PrimFunc,
+        target: Target,
+        find: Callable[[s_tir.Schedule], s_tir.schedule.SBlockRV | None],
+        schedule: Callable[[s_tir.Schedule, s_tir.schedule.SBlockRV], None],
+    ) -> s_tir.Schedule | None:
+        """The body of ``apply``: ``schedule`` the block ``find`` returns, or None.
+
+        None when ``func`` is not a static-shape PrimFunc for this target, when ``find`` finds no
+        block, or when scheduling raises ``NotApplicable`` or one of ``DOES_NOT_FIT``.
+        """
+        sch = self.static_schedule(func, target)
+        block = find(sch) if sch is not None else None
+        if block is None:
+            return None
+        try:
+            schedule(sch, block)
+        except (NotApplicable, *self.DOES_NOT_FIT) as err:
+            logger.info("%s left a function to the next rule: %s", type(self).__name__, err)
+            return None
+        return sch
 
 
 def vector_bits(target: Target) -> int:

@@ -8,12 +8,11 @@ from dataclasses import dataclass
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.gpu.matmul import get_reduction_blocks
-from tvm.s_tir.schedule import LoopRV, SBlockRV, ScheduleError
+from tvm.s_tir.schedule import LoopRV, SBlockRV
 from tvm.target import Target
 
 from .cpu_common import (
     CPURule,
-    NotApplicable,
     inline_epilogue,
     largest_divisor,
     schedule_injective,
@@ -52,17 +51,12 @@ class CPUConv2d(CPURule):
     def apply(  # pylint: disable=missing-function-docstring
         self, func: tirx.PrimFunc, target: Target, _: bool
     ) -> s_tir.Schedule | None:
-        sch = self.static_schedule(func, target)
-        if sch is None:
-            return None
-        conv = _find_conv_block(sch)
-        if conv is None:
-            return None
-        try:
-            _schedule(sch, conv, target, self.CONFIGS[vector_lanes(target) * 32])
-        except (ScheduleError, NotApplicable):
-            return None
-        return sch
+        return self.schedule_block(
+            func,
+            target,
+            _find_conv_block,
+            lambda sch, conv: _schedule(sch, conv, target, self.CONFIGS[vector_lanes(target) * 32]),
+        )
 
 
 def _index_vars(region) -> list[tirx.Var | None]:

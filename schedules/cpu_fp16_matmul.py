@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import math
 from dataclasses import dataclass
 
@@ -26,8 +25,6 @@ from .cpu_common import (
 )
 from .cpu_matmul_analysis import find_matmul_block, normalize
 
-logger = logging.getLogger("tvmamp.schedules")
-
 
 def has_f16c(target: Target) -> bool:
     """Return whether the LLVM ``target`` converts fp16 vectors (F16C) and has FMA."""
@@ -41,6 +38,12 @@ def is_fp16_matmul(block: s_tir.SBlock) -> bool:
     """Return whether ``block`` reads two fp16 buffers and accumulates into fp32."""
     reads = [str(r.source.dtype) for r in block.reads]
     return reads == ["float16", "float16"] and str(block.writes[0].source.dtype) == "float32"
+
+
+def _fp16_gemm(sch: s_tir.Schedule) -> SBlockRV | None:
+    """The fp16 x fp16 -> fp32 matmul block of ``sch``, or None."""
+    main = find_matmul_block(sch)
+    return main if main is not None and is_fp16_matmul(sch.get(main)) else None
 
 
 class CPUMatmulFP16(CPURule):
@@ -86,6 +89,9 @@ class CPUMatmulFP16(CPURule):
     # Keyed by SIMD width in bits: 32 zmm registers hold 8x2 accumulators, 16 ymm hold 6x2.
     CONFIGS = {512: Config(), 256: Config(tile_i=6, gemv_accumulators=8)}
 
+    # The generic rule schedules what this rule gives up on.
+    DOES_NOT_FIT = (ScheduleError, tvm.error.InternalError)
+
     def __init__(self, config: Config | None = None):
         self.config = config
 
@@ -100,18 +106,12 @@ class CPUMatmulFP16(CPURule):
     def apply(  # pylint: disable=missing-function-docstring
         self, func: tirx.PrimFunc, target: Target, _: bool
     ) -> s_tir.Schedule | None:
-        sch = self.static_schedule(func, target)
-        if sch is None:
-            return None
-        main = find_matmul_block(sch)
-        if main is None or not is_fp16_matmul(sch.get(main)):
-            return None
-        try:
-            schedule_matmul(sch, main, target, self.get_config(target))
-        except (ScheduleError, NotApplicable, tvm.error.InternalError) as err:
-            logger.info("CPUMatmulFP16 left a function to the generic rule: %s", err)
-            return None
-        return sch
+        return self.schedule_block(
+            func,
+            target,
+            _fp16_gemm,
+            lambda sch, main: schedule_matmul(sch, main, target, self.get_config(target)),
+        )
 
 
 @dataclass

@@ -7,12 +7,11 @@ from dataclasses import dataclass
 
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.gpu.matmul import auto_inline_producers
-from tvm.s_tir.schedule import LoopRV, SBlockRV, ScheduleError
+from tvm.s_tir.schedule import LoopRV, SBlockRV
 from tvm.target import Target
 
 from .cpu_common import (
     CPURule,
-    NotApplicable,
     inline_epilogue,
     largest_divisor,
     use_parallel,
@@ -63,17 +62,12 @@ class CPUMatmul(CPURule):
     def apply(  # pylint: disable=missing-function-docstring
         self, func: tirx.PrimFunc, target: Target, _: bool
     ) -> s_tir.Schedule | None:
-        sch = self.static_schedule(func, target)
-        if sch is None:
-            return None
-        main = find_matmul_block(sch)
-        if main is None:
-            return None
-        try:
-            _schedule(sch, main, target, self.get_config(target))
-        except (ScheduleError, NotApplicable):
-            return None
-        return sch
+        return self.schedule_block(
+            func,
+            target,
+            find_matmul_block,
+            lambda sch, main: _schedule(sch, main, target, self.get_config(target)),
+        )
 
 
 @dataclass
