@@ -16,15 +16,10 @@ from tvm import relax
 from tvm.relax.frontend.torch import from_exported_program
 
 from tvmamp.benchmark import paired_medians
+from tvmamp.build import legalize_and_fuse
 from tvmamp.schedules.cpu import cpu_schedule_passes
 
-LEGALIZE = [
-    relax.transform.LegalizeOps(),
-    relax.transform.AnnotateTIROpPattern(),
-    relax.transform.FoldConstant(),
-    relax.transform.FuseOps(),
-    relax.transform.FuseTIR(),
-]
+LEGALIZE = legalize_and_fuse()
 
 
 def _target(cores: int) -> tvm.target.Target:

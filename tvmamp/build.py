@@ -314,6 +314,13 @@ def front_phases(target, entry, policy) -> list:
         relax.backend.DispatchSampling(),
         relax.backend.DispatchSortScan(),
         # Phase 2. legalize to TIR and fuse
+        *legalize_and_fuse(),
+    ]
+
+
+def legalize_and_fuse() -> list:
+    """Phase 2 of the pipeline: legalize Relax ops to TIR, fold constants, fuse the kernels."""
+    return [
         relax.transform.LegalizeOps(),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),

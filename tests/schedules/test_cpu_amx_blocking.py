@@ -11,19 +11,14 @@ import tvm
 from tvm import relax
 from tvm.s_tir import dlight as dl
 
+from tvmamp.build import legalize_and_fuse
 from tvmamp.schedules.cpu import CPUMatmulBF16
 from tvmamp.schedules.cpu_bf16_amx import make_plan
 from tvmamp.schedules.cpu_bf16_passes import SplitPreproc
 from tvmamp.targets.llvm import _host_flags
 
 AMX = tvm.target.Target({"kind": "llvm", "mcpu": "sapphirerapids", "num-cores": 1})
-LEGALIZE = [
-    relax.transform.LegalizeOps(),
-    relax.transform.AnnotateTIROpPattern(),
-    relax.transform.FoldConstant(),
-    relax.transform.FuseOps(),
-    relax.transform.FuseTIR(),
-]
+LEGALIZE = legalize_and_fuse()
 
 
 @pytest.mark.parametrize(

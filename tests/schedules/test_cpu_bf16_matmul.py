@@ -11,6 +11,7 @@ import tvm
 from tvm import relax
 from tvm.s_tir import TensorIntrin
 
+from tvmamp.build import legalize_and_fuse
 from tvmamp.schedules import x86_bf16_intrin
 from tvmamp.schedules.cpu import CPUMatmulBF16, cpu_schedule_passes, default_cpu_rules
 from tvmamp.schedules.cpu_bf16_matmul import make_plan
@@ -24,13 +25,7 @@ KERNELS = [
     pytest.param(VDPBF16PS, "vdpbf16ps", "avx512_bf16", id="vdpbf16ps"),
     pytest.param(AMX, "tdpbf16ps", "amx_bf16", id="amx"),
 ]
-LEGALIZE = [
-    relax.transform.LegalizeOps(),
-    relax.transform.AnnotateTIROpPattern(),
-    relax.transform.FoldConstant(),
-    relax.transform.FuseOps(),
-    relax.transform.FuseTIR(),
-]
+LEGALIZE = legalize_and_fuse()
 
 
 def _needs_host(flag: str) -> None:

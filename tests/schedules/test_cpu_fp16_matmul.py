@@ -9,6 +9,7 @@ from tvm import relax
 
 import tvmamp
 from tvmamp import models
+from tvmamp.build import legalize_and_fuse
 from tvmamp.schedules.cpu import cpu_schedule_passes, default_cpu_rules
 from tvmamp.schedules.cpu_fp16_matmul import CPUMatmulFP16, make_plan
 from tvmamp.targets.llvm import _host_flags
@@ -18,13 +19,7 @@ AVX512 = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 1})
 AVX2 = tvm.target.Target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})
 NO_F16C = tvm.target.Target({"kind": "llvm", "mcpu": "x86-64", "num-cores": 1})
 TARGETS = [pytest.param(AVX512, "avx512f", id="avx512"), pytest.param(AVX2, "avx2", id="avx2")]
-LEGALIZE = [
-    relax.transform.LegalizeOps(),
-    relax.transform.AnnotateTIROpPattern(),
-    relax.transform.FoldConstant(),
-    relax.transform.FuseOps(),
-    relax.transform.FuseTIR(),
-]
+LEGALIZE = legalize_and_fuse()
 
 
 def _needs_host(flag: str) -> None:
