@@ -24,7 +24,8 @@ class NodeDecision:
     op: str
     dtype: str
     category: str
-    reason: str  # "policy", "custom_fp32_nodes", "custom_low_nodes", "node_dtypes", "overflow"
+    # "policy", "custom_fp32_nodes", "custom_low_nodes", "node_dtypes", "unsupported", "overflow"
+    reason: str
 
 
 @dataclasses.dataclass
@@ -40,7 +41,10 @@ class AmpReport:
     ops : dict
         Relax op name -> Counter of compute dtype -> number of calls.
     forced : list of ForcedNode
-        Nodes forced by ``custom_fp32_nodes``/``custom_low_nodes`` or the overflow guard.
+        Nodes forced by ``custom_fp32_nodes``/``custom_low_nodes``/``node_dtypes``, by the
+        target (no low kernel), or by the overflow guard: a constant (bound params included),
+        directly or through ops that only move or select its values, that the low dtype cannot
+        hold; the reason names the constant, the ops it went through and its largest value.
     constants_converted : int
         Constants (bound params included) converted to the low dtype at compile time.
     nodes : list of NodeDecision

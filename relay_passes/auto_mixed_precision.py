@@ -9,8 +9,10 @@ How it works, binding by binding (one pass, in program order):
   constant-overflow guard may override it.
 - Inputs are cast lazily, each value at most once per dtype and block, and a value made by one
   of our casts is never cast back: the original is used instead, so no f32->low->f32 round trip.
-- Constants (bound params included) are converted at compile time; a constant whose magnitude
-  does not fit the low dtype forces its op to fp32.
+- Constants (bound params included) are converted at compile time. The overflow guard follows
+  each constant through ops that only move, repeat or select its values (permute_dims, reshape,
+  broadcast_to, take, strided_slice, float casts, ...): an op that would take such a value in a
+  low dtype that cannot hold it computes in fp32 instead, and the report says why.
 - Ops with fixed dtypes (``call_tir``, packed calls, builtins, other functions) get their inputs
   in the dtypes they were written for. User ``astype`` calls that became no-ops are dropped.
 - Function results, and the branches of ``relax.If``, are cast back to their original dtypes
@@ -40,6 +42,19 @@ _MOVEMENT_OPS = (
     "relax.squeeze",
     "relax.flatten",
     "relax.broadcast_to",
+)
+# Ops whose output holds only values of their first input (moved, repeated or selected), so the
+# overflow guard bounds the output by the largest value of a constant first input. For the
+# selecting ops (take, slices, split) that bound may be above the values actually selected.
+_VALUE_PRESERVING_OPS = (
+    *_MOVEMENT_OPS,
+    "relax.flip",
+    "relax.repeat",
+    "relax.tile",
+    "relax.take",
+    "relax.strided_slice",
+    "relax.dynamic_strided_slice",
+    "relax.split",
 )
 
 
@@ -121,6 +136,8 @@ class _Rewriter(PyExprMutator):
         self._param_names = {}  # param var -> name
         self._from_constants = set()  # vars computed from constants only (FoldConstant folds them)
         self._moved_constants = {}  # var -> data-movement call on a constant that produced it
+        self._sources = {}  # var -> (constant, op names) when it holds only that constant's values
+        self._peaks = {}  # constant -> largest finite magnitude in it
         self._low_params = False
         self._func_name = "main"
         self._seen_names = {}  # name -> count, to make node ids unique as the printer does
@@ -204,6 +221,9 @@ class _Rewriter(PyExprMutator):
         self.builder_.emit_normalized(relax.VarBinding(new_var, value))
         if nominal is not None and nominal != tensor_dtype(new_var):
             self._nominal[new_var] = nominal
+        source = self._source_of_value(value)
+        if source is not None:
+            self._sources[new_var] = source
         if isinstance(value, relax.Call) and self._all_constant(value.args):
             self._from_constants.add(new_var)
             op = value.op
@@ -263,8 +283,11 @@ class _Rewriter(PyExprMutator):
             why = f"no {dtype} kernel for {op_name} on this target"
             self.report.forced.append(ForcedNode(var.name, op_name, "float32", why))
             dtype, reason = "float32", "unsupported"
-        if dtype != "float32" and any(self._overflows(e, dtype) for e in inputs):
-            why = f"a constant input exceeds the {dtype} range"
+        overflowing = [] if dtype == "float32" else self._overflowing_sources(inputs, dtype)
+        if overflowing:
+            why = f"a constant input exceeds the {dtype} range: " + "; ".join(
+                self._describe(const, ops) for const, ops in overflowing
+            )
             self.report.forced.append(ForcedNode(var.name, op_name, "float32", why))
             dtype, reason = "float32", "overflow"
         return dtype, reason
@@ -392,13 +415,57 @@ class _Rewriter(PyExprMutator):
                 self.constant_names[self._constants[key]] = self.constant_names[const]
         return self._constants[key]
 
-    def _overflows(self, expr, dtype):
-        if not isinstance(expr, Constant) or tensor_dtype(expr) != "float32":
+    # ---- the overflow guard --------------------------------------------------------------
+    def _source(self, expr):
+        """``(constant, op names)`` when ``expr`` holds only values of one float constant."""
+        if isinstance(expr, Constant):
+            return (expr, ()) if tensor_dtype(expr) in FLOAT_DTYPES else None
+        if expr in self._cast_source:  # one of our casts: the values are those of its input
+            return self._source(self._cast_source[expr])
+        return self._sources.get(expr)
+
+    def _source_of_value(self, value):
+        """The constant source of a bound value that moves, selects or casts a constant."""
+        if isinstance(value, relax.TupleGetItem):  # a part of split(constant)
+            return self._source(value.tuple_value)
+        if not isinstance(value, relax.Call) or not isinstance(value.op, tvm.ir.Op):
+            return None
+        name = value.op.name
+        if (name not in _VALUE_PRESERVING_OPS and name not in _CAST_OPS) or not value.args:
+            return None
+        source = self._source(value.args[0])
+        if source is None:
+            return None
+        if name in _CAST_OPS:
+            # a cast that itself overflows made the values inf: nothing left to guard
+            cast_to = str(value.attrs.dtype)
+            if cast_to not in FLOAT_DTYPES or self._overflows(source, cast_to):
+                return None
+        return source[0], (*source[1], name)
+
+    def _overflowing_sources(self, inputs, dtype):
+        sources = dict.fromkeys(self._source(e) for e in inputs)  # unique, in input order
+        return [s for s in sources if s is not None and self._overflows(s, dtype)]
+
+    def _peak(self, const):
+        """Largest finite magnitude in a constant (0.0 when it has none)."""
+        if const not in self._peaks:
+            data = np.abs(const.value.numpy().astype(np.float32, copy=False))
+            self._peaks[const] = float(np.max(data, where=np.isfinite(data), initial=0.0))
+        return self._peaks[const]
+
+    def _overflows(self, source, dtype):
+        """Whether converting the values of ``source`` to ``dtype`` would give an inf."""
+        const, _ops = source
+        if dtype == "float32" or tensor_dtype(const) == dtype:
             return False
-        data = expr.value.numpy()
-        finite = data[np.isfinite(data)]
-        limit = float(ml_dtypes.finfo(np_dtype(dtype)).max)
-        return finite.size > 0 and float(np.abs(finite).max()) > limit
+        with np.errstate(over="ignore"):
+            return bool(np.isinf(np.float32(self._peak(const)).astype(np_dtype(dtype))))
+
+    def _describe(self, const, ops):
+        name = self.constant_names.get(const, "a constant")
+        path = f" through {' -> '.join(ops)}" if ops else ""
+        return f"{name}{path} (max |value| {self._peak(const):.4g})"
 
     def _restore(self, seq, ty):
         """Append casts to ``seq`` so its result has the dtypes of ``ty``."""

@@ -16,6 +16,14 @@ MindSpore (``amp.py``) and PyTorch autocast (``autocast_mode.h``):
   changes them and gives them their inputs in the original dtypes.
 
 ``tests/test_op_lists.py`` proves that every registered ``relax.*`` op sits in exactly one list.
+
+User op names (``custom_white_list``, ``custom_black_list``) are matched case-insensitively
+against Relax names (``"Exp"`` is ``relax.exp``), then ``ALIASES``, then ``NO_RELAX_OP``, so the
+lists of Paddle, MindSpore and PyTorch can be pasted as they are
+(``tests/test_framework_op_names.py``). A framework name maps to the Relax op it is imported as,
+or to the one Relax op that holds its computation (``expm1`` -> ``exp``, ``log1p`` -> ``log``,
+``addmm`` -> ``matmul``). A framework op that TVM imports as general arithmetic, or cannot import
+at all, is in ``NO_RELAX_OP``: listing it warns once and changes nothing.
 """
 
 ALWAYS_LOW = (
@@ -310,6 +318,13 @@ ALIASES = {
     "lookup_table": ("relax.take",),
     "lookup_table_v2": ("relax.take",),
     "scatter": ("relax.scatter_elements",),
+    "fused_attention": ("relax.nn.attention",),
+    "fused_feedforward": ("relax.matmul",),
+    "expm1": ("relax.exp",),  # imported as exp(x) - 1
+    "log2": ("relax.log",),  # imported as log(x) / log(2)
+    "log10": ("relax.log",),
+    "log1p": ("relax.log",),  # imported as log(1 + x)
+    "softmin": ("relax.nn.softmax",),  # softmax(-x)
     "transpose2": ("relax.permute_dims",),
     "reshape2": ("relax.reshape",),
     "slice": ("relax.strided_slice",),
@@ -325,8 +340,20 @@ ALIASES = {
     "conv1dtranspose": ("relax.nn.conv1d_transpose",),
     "conv2dtranspose": ("relax.nn.conv2d_transpose",),
     "conv3dtranspose": ("relax.nn.conv3d_transpose",),
+    "convolution": (
+        "relax.nn.conv1d",
+        "relax.nn.conv2d",
+        "relax.nn.conv3d",
+        "relax.nn.conv1d_transpose",
+        "relax.nn.conv2d_transpose",
+        "relax.nn.conv3d_transpose",
+    ),
     "dense": ("relax.matmul",),
     "batchmatmul": ("relax.matmul",),
+    "matmulext": ("relax.matmul",),
+    "batchmatmulext": ("relax.matmul",),
+    "ger": ("relax.outer",),
+    "gridsampler2d": ("relax.image.grid_sample",),
     "addmm": ("relax.matmul",),
     "layernorm": ("relax.nn.layer_norm",),
     "groupnorm": ("relax.nn.group_norm",),
@@ -353,6 +380,13 @@ ALIASES = {
     "mm": ("relax.matmul",),
     "bmm": ("relax.matmul",),
     "baddbmm": ("relax.matmul",),
+    "addbmm": ("relax.matmul",),
+    "addmv": ("relax.matmul",),
+    "addr": ("relax.outer",),
+    "dot": ("relax.matmul",),
+    "tensordot": ("relax.matmul",),
+    "scatter_add": ("relax.scatter_elements",),  # scatter_elements(reduction="add")
+    "nll_loss2d": ("relax.nn.nll_loss",),
     "conv_transpose1d": ("relax.nn.conv1d_transpose",),
     "conv_transpose2d": ("relax.nn.conv2d_transpose",),
     "conv_transpose3d": ("relax.nn.conv3d_transpose",),
@@ -376,3 +410,62 @@ ALIASES = {
     "sub": ("relax.subtract",),
     "div": ("relax.divide",),
 }
+
+# Op names from the AMP lists of Paddle, MindSpore and PyTorch that have no Relax op of their own:
+# TVM imports them as general arithmetic (reciprocal is a divide, a norm is a sum and a sqrt,
+# most losses are several ops) or cannot import them (the RNN cells). Listing one in
+# custom_white_list or custom_black_list warns once and changes nothing; the Relax ops a model
+# imports them as keep their own categories. Matched case-insensitively.
+NO_RELAX_OP = (
+    # recurrent cells (MindSpore O1 white list, PyTorch autocast lower-precision list)
+    "LSTMCell",
+    "GRUCell",
+    "RNNCell",
+    "lstm_cell",
+    "gru_cell",
+    "rnn_tanh_cell",
+    "rnn_relu_cell",
+    # elementwise and reduction ops imported as general arithmetic, or not at all
+    "erfinv",
+    "reciprocal",
+    "logsumexp",
+    "cos_sim",
+    "cosine_similarity",
+    "norm",
+    "pnorm",
+    "frobenius_norm",
+    "nuclear_norm",
+    "renorm",
+    "dist",
+    "cdist",
+    "pdist",
+    # promote-list ops imported as several ops
+    "addcdiv",
+    "addcmul",
+    "cross",
+    "bilinear",
+    "GridSampler3D",
+    # losses TVM has no op for
+    "huber_loss",
+    "mse_loss",
+    "l1_loss",
+    "kl_div",
+    "KLDivLoss",
+    "smooth_l1_loss",
+    "SmoothL1Loss",
+    "binary_cross_entropy",
+    "binary_cross_entropy_with_logits",
+    "BCEWithLogitsLoss",
+    "soft_margin_loss",
+    "SoftMarginLoss",
+    "multilabel_margin_loss",
+    "MultilabelMarginLoss",
+    "multi_margin_loss",
+    "MultiMarginLoss",
+    "triplet_margin_loss",
+    "TripletMarginLoss",
+    "margin_ranking_loss",
+    "hinge_embedding_loss",
+    "cosine_embedding_loss",
+    "poisson_nll_loss",
+)

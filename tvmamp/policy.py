@@ -18,10 +18,12 @@ auto   white low, black fp32, promote ops in the widest input dtype, other ops k
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import difflib
 import enum
 import fnmatch
+import warnings
 from collections.abc import Iterable, Sequence
 
 import tvm
@@ -66,37 +68,88 @@ def check_dtype(dtype: str, component: str = "tvmamp") -> str:
     return dtype
 
 
+class UnmappedOpWarning(UserWarning):
+    """A framework op name in a custom list has no Relax op, so listing it changes nothing."""
+
+
 def _registered_relax_ops() -> set[str]:
     return {name for name in tvm.ir.Op.list_op_names() if name.startswith("relax.")}
 
 
+def _relax_name_index() -> dict[str, str]:
+    """Lower-case spellings of every Relax op -> its name.
+
+    A Relax op is known by its full name (``relax.nn.softmax``), the name without ``relax.``
+    (``nn.softmax``) and its last part (``softmax``) when no other op shares that last part.
+    """
+    registered = sorted(_registered_relax_ops())
+    last_parts = collections.Counter(n.rsplit(".", 1)[1] for n in registered)
+    index: dict[str, str] = {}
+    for name in registered:
+        index[name] = name
+        index.setdefault(name[len("relax.") :], name)
+        last = name.rsplit(".", 1)[1]
+        if last_parts[last] == 1:
+            index.setdefault(last, name)
+    return index
+
+
+def _lookup(name: str, index: dict[str, str]) -> tuple[str, ...] | None:
+    """The Relax ops a user op name stands for, or None; case-insensitive."""
+    key = name.lower()
+    if key in index:
+        return (index[key],)
+    return op_lists.ALIASES.get(key)
+
+
 def resolve_op_names(names: Iterable[str], component: str = "tvmamp") -> set[str]:
-    """Map user op names (Relax names or Paddle/MindSpore/PyTorch aliases) to Relax op names.
+    """Map user op names (Relax names or Paddle/MindSpore/PyTorch names) to Relax op names.
+
+    Names match case-insensitively: ``"Exp"``, ``"exp"`` and ``"relax.exp"`` are one op. A name
+    from a framework's AMP lists that has no Relax op (``op_lists.NO_RELAX_OP``: the RNN cells,
+    some losses) is accepted with one :class:`UnmappedOpWarning` naming it, and changes nothing.
 
     Raises
     ------
     ValueError
-        For a name that is neither a registered Relax op nor a known alias; the message lists
-        the closest matches.
+        For a name that is neither a Relax op, a known alias nor a framework op name; the
+        message lists the closest matches.
     """
-    registered = _registered_relax_ops()
+    if isinstance(names, str):
+        raise TypeError(f"{component}: expected a list of op names, got the string {names!r}")
+    names = list(names)
+    if not names:
+        return set()
+    index = _relax_name_index()
+    no_relax_op = {n.lower() for n in op_lists.NO_RELAX_OP}
     resolved: set[str] = set()
+    unmapped: dict[str, str] = {}  # lower-case name -> the name as the user wrote it
     for name in names:
         if not isinstance(name, str):
             raise TypeError(f"{component}: op names must be strings, got {name!r}")
-        for candidate in (name, f"relax.{name}", f"relax.nn.{name}"):
-            if candidate in registered:
-                resolved.add(candidate)
-                break
+        ops = _lookup(name, index)
+        if ops is not None:
+            resolved.update(ops)
+        elif name.lower() in no_relax_op:
+            unmapped.setdefault(name.lower(), name)
         else:
-            alias = op_lists.ALIASES.get(name.lower())
-            if alias is None:
-                choices = sorted(registered) + sorted(op_lists.ALIASES)
-                close = difflib.get_close_matches(name, choices, n=5, cutoff=0.5)
-                hint = f"; did you mean {', '.join(close)}?" if close else ""
-                raise ValueError(f"{component}: unknown op name {name!r}{hint}")
-            resolved.update(alias)
+            choices = sorted({*index, *op_lists.ALIASES, *no_relax_op})
+            close = difflib.get_close_matches(name.lower(), choices, n=5, cutoff=0.5)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise ValueError(f"{component}: unknown op name {name!r}{hint}")
+    for name in unmapped.values():
+        _warn_unmapped(name, component)
     return resolved
+
+
+def _warn_unmapped(name: str, component: str) -> None:
+    warnings.warn(
+        f"{component}: {name!r} is a framework op with no Relax op of its own (TVM imports it "
+        "as other ops, or not at all); it is ignored, and the ops a model imports it as keep "
+        "their own categories",
+        UnmappedOpWarning,
+        stacklevel=4,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
