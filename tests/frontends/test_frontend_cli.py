@@ -13,6 +13,7 @@ from tvmamp.frontends import from_onnx
 
 torch = pytest.importorskip("torch")
 onnx = pytest.importorskip("onnx")
+from tvmamp.suite.onnx_models import zoo_style  # noqa: E402
 
 TARGET = "llvm -num-cores=1"
 FLAGS = ["--level", "O2", "--dtype", "bfloat16", "--target", TARGET]
@@ -45,6 +46,20 @@ def test_onnx_compile_then_run_matches_the_python_api(tmp_path, capsys):
     mod, params = from_onnx(model, shape_dict={"image": (2, 3, 16, 16)})
     exe = tvmamp.build(mod, "O2", TARGET, dtype="bfloat16", params=params)
     np.testing.assert_allclose(np.load(tmp_path / "y.npy"), exe(x), rtol=1e-6, atol=1e-6)
+
+
+def test_compile_a_zoo_style_onnx_file(tmp_path):
+    """An IR-3 file that lists its initializers in graph.input compiles, runs and is right."""
+    model = suite.create("onnx_cnn", image_size=16)
+    onnx.save(zoo_style(model), tmp_path / "zoo.onnx")
+    argv = ["compile", tmp_path / "zoo.onnx", "--input-shape", "2,3,16,16", *FLAGS]
+    assert main(list(map(str, [*argv, "-o", tmp_path / "zoo.so"]))) == 0
+    x = suite.example_inputs("onnx_cnn", batch=2, image_size=16)[0]
+    np.save(tmp_path / "x.npy", x)
+    run = ["run", tmp_path / "zoo.so", "--inputs", tmp_path / "x.npy", "-o", tmp_path / "y.npy"]
+    assert main(list(map(str, run))) == 0
+    want = suite.reference(model, [x])
+    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), want, rtol=3e-2, atol=3e-2)
 
 
 class TwoInputs(torch.nn.Module):

@@ -1,4 +1,4 @@
-"""tvmamp.from_onnx: the ONNX suite CNN, shape_dict validation, bad files and unsupported ops."""
+"""tvmamp.from_onnx: the suite CNN, zoo-style files, shape_dict checks, bad files, bad ops."""
 
 import numpy as np
 import pytest
@@ -9,7 +9,7 @@ from tvmamp.frontends import UnsupportedOperatorError, from_onnx
 onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper  # noqa: E402
 
-from tvmamp.suite.onnx_models import run_reference, small_cnn  # noqa: E402
+from tvmamp.suite.onnx_models import run_reference, small_cnn, zoo_style  # noqa: E402
 
 TARGET = "llvm -num-cores=1"
 
@@ -37,6 +37,28 @@ def test_import_names_params_and_matches_the_reference(cnn, rng, tmp_path):
     )
     low = tvmamp.build(mod, "O1", TARGET, dtype="bfloat16", params=params)(x)
     np.testing.assert_allclose(low, ref, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("as_file", [False, True], ids=["model", "file"])
+def test_zoo_style_file_with_initializers_in_graph_input_imports(cnn, rng, tmp_path, as_file):
+    old = zoo_style(cnn)
+    assert len(old.graph.input) == 1 + len(old.graph.initializer)
+    snapshot = old.SerializeToString()
+    if as_file:
+        onnx.save(old, tmp_path / "zoo.onnx")
+    source = str(tmp_path / "zoo.onnx") if as_file else old
+    mod, params = from_onnx(source, shape_dict={"image": (2, 3, 16, 16)})
+    names = [t.name for t in cnn.graph.initializer]
+    assert [p.name for p in mod["main"].params] == ["image", *names]
+    assert mod["main"].attrs["num_input"] == 1
+    assert sorted(params) == sorted(names)
+    np.testing.assert_array_equal(
+        params["conv1.weight"], onnx.numpy_helper.to_array(cnn.graph.initializer[0])
+    )
+    assert old.SerializeToString() == snapshot  # the caller's model is not modified
+    x = _image(rng)
+    exe = tvmamp.build(mod, "O0", TARGET, params=params)
+    np.testing.assert_allclose(exe(x), run_reference(cnn, [x]), rtol=1e-5, atol=1e-5)
 
 
 def test_shape_dict_keys_must_name_inputs(cnn):

@@ -125,3 +125,41 @@ def test_dynamic_batch_runs_any_batch_size(net, rng):
     for batch in (1, 3):
         x = _x(rng, batch)
         np.testing.assert_allclose(exe(x), _eager(net, x), rtol=2e-2, atol=2e-2)
+
+
+class EmptyCache(torch.nn.Module):
+    """Concatenates to ``torch.tensor([])`` as Hugging Face's DynamicCache does on first use."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(16, 16)
+
+    def forward(self, x, y):
+        keys = torch.cat([torch.tensor([]), self.proj(x)], dim=-2)  # only the empty is dropped
+        both = torch.cat([keys, torch.tensor([]), y], dim=-2)  # two inputs are left
+        return both.sum(dim=-2, keepdim=True) * keys
+
+
+def test_cat_with_a_legacy_empty_tensor_imports(rng):
+    x, y = (rng.standard_normal((2, 4, 3, 16)).astype("float32") for _ in range(2))
+    mod, params = from_torch(EmptyCache().eval(), (x, y))
+    assert [p.name for p in mod["main"].params] == ["x", "y", "proj.weight", "proj.bias"]
+    module = EmptyCache().eval()
+    module.load_state_dict({k: torch.from_numpy(v) for k, v in params.items()})
+    with torch.no_grad():
+        want = module(torch.from_numpy(x), torch.from_numpy(y)).numpy()
+    out = tvmamp.build(mod, "O0", TARGET, params=params)(x, y)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+
+
+def test_keyword_example_inputs_set_the_input_order(rng):
+    class Scaled(torch.nn.Module):
+        def forward(self, x, scale=None):
+            return x * scale
+
+    x, scale = (rng.standard_normal((2, 3)).astype("float32") for _ in range(2))
+    mod, _ = from_torch(Scaled(), {"scale": scale, "x": x})
+    assert [p.name for p in mod["main"].params] == ["scale", "x"]
+    np.testing.assert_allclose(tvmamp.build(mod, "O0", TARGET)(scale, x), x * scale, rtol=1e-6)
+    with pytest.raises(TypeError, match=r"keys must be argument names, got \[0\]"):
+        from_torch(Scaled(), {0: x})

@@ -47,6 +47,7 @@ def from_onnx(
     from tvm.relax.frontend.onnx import from_onnx as tvm_from_onnx
 
     shapes = {k: [int(d) for d in v] for k, v in (shape_dict or {}).items()}
+    model = _without_initializer_inputs(onnx, model)
     mod = tvm_from_onnx(model, shapes or None, dtype_dict, opset=opset, keep_params_in_input=True)
     func = mod["main"]
     values = list(func.attrs["params"]) if "params" in func.attrs else []
@@ -57,6 +58,28 @@ def graph_inputs(model) -> list[str]:
     """Names of a model's data inputs (graph inputs that are not initializers)."""
     initializers = {t.name for t in model.graph.initializer}
     return [i.name for i in model.graph.input if i.name not in initializers]
+
+
+def _without_initializer_inputs(onnx, model):
+    """``model``, or a copy whose ``graph.input`` no longer lists its initializers.
+
+    Old-IR files (IR version 3, the classic model zoo) and exports with
+    ``keep_initializers_as_inputs=True`` list every initializer in ``graph.input`` as well.
+    TVM's importer with ``keep_params_in_input=True`` then makes each of them a parameter twice.
+    They are weights, so they are imported as params; the caller's model is left unchanged.
+    The copy says IR version 4 at least, the first that allows initializers outside
+    ``graph.input`` (so that ONNX's checker, which TVM runs, accepts it).
+    """
+    initializers = {t.name for t in model.graph.initializer}
+    if not any(i.name in initializers for i in model.graph.input):
+        return model
+    stripped = onnx.ModelProto()
+    stripped.CopyFrom(model)
+    inputs = [i for i in stripped.graph.input if i.name not in initializers]
+    del stripped.graph.input[:]
+    stripped.graph.input.extend(inputs)
+    stripped.ir_version = max(stripped.ir_version, 4)
+    return stripped
 
 
 def read_model(onnx, model):

@@ -7,6 +7,7 @@ import warnings
 from collections.abc import Mapping
 
 from .common import UnsupportedOperatorError, rename_params, require, split_params
+from .torch_graph import drop_legacy_empty_cat_inputs
 
 TRAIN_MODES = ("eval", "error")
 
@@ -32,8 +33,10 @@ def from_torch(
     ----------
     module : torch.nn.Module or torch.export.ExportedProgram
         The model. An ExportedProgram is imported as it is (``example_inputs`` may be None).
-    example_inputs : tensor, array or tuple of them
-        Inputs for ``torch.export``; their shapes and dtypes become ``main``'s signature.
+    example_inputs : tensor, array, tuple of them, or dict of str to them
+        Inputs for ``torch.export``; their shapes and dtypes become ``main``'s signature. A
+        dict passes them by keyword (``{"input_ids": ids, "attention_mask": mask}`` for a
+        Hugging Face model), and ``main`` takes them in the dict's order.
     dynamic_batch : bool
         Export dimension 0 of every input as a symbolic batch size (the example batch must be
         at least 2, since torch specialises sizes 0 and 1).
@@ -62,14 +65,15 @@ def from_torch(
             f"tvmamp.from_torch: expected a torch.nn.Module or torch.export.ExportedProgram, "
             f"got {type(module).__name__}"
         )
-    args = _as_tensors(torch, example_inputs)
-    dynamic = tuple({0: torch.export.Dim("batch")} for _ in args) if dynamic_batch else None
+    args, kwargs = _as_tensors(torch, example_inputs)
+    dynamic = _batch_dims(torch, args, kwargs) if dynamic_batch else None
     with _eval_mode(torch, module, train_mode):
         try:
-            program = torch.export.export(module, args, dynamic_shapes=dynamic)
+            program = torch.export.export(module, args, kwargs, dynamic_shapes=dynamic)
         except Exception as err:  # torch raises many types; report them as one
             raise RuntimeError(
-                f"tvmamp.from_torch: torch.export could not trace {type(module).__name__}: {err}"
+                f"tvmamp.from_torch: torch.export could not trace {type(module).__name__}: "
+                f"{err}{_cache_hint(module, err)}"
             ) from err
     return import_exported_program(program, custom_convert_map=custom_convert_map)
 
@@ -81,11 +85,42 @@ def _check_choice(train_mode):
         )
 
 
-def _as_tensors(torch, example_inputs) -> tuple:
+def _as_tensors(torch, example_inputs) -> tuple[tuple, dict]:
+    """``(args, kwargs)`` of tensors for ``torch.export``."""
     if example_inputs is None:
         raise TypeError("tvmamp.from_torch: example_inputs are required to export a module")
+
+    def tensor(x):
+        return x if isinstance(x, torch.Tensor) else torch.as_tensor(x)
+
+    if isinstance(example_inputs, Mapping):
+        bad = [k for k in example_inputs if not isinstance(k, str)]
+        if bad:
+            raise TypeError(
+                f"tvmamp.from_torch: example_inputs keys must be argument names, got {bad}"
+            )
+        return (), {k: tensor(v) for k, v in example_inputs.items()}
     items = example_inputs if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
-    return tuple(x if isinstance(x, torch.Tensor) else torch.as_tensor(x) for x in items)
+    return tuple(tensor(x) for x in items), {}
+
+
+def _batch_dims(torch, args, kwargs):
+    """``dynamic_shapes`` making dimension 0 of every input one symbolic batch size."""
+    batch = torch.export.Dim("batch")
+    if kwargs:
+        return {name: {0: batch} for name in kwargs}
+    return tuple({0: batch} for _ in args)
+
+
+def _cache_hint(module, err) -> str:
+    """Advice for a Hugging Face model whose KV cache (an output) torch.export cannot return."""
+    config = getattr(module, "config", None)
+    if getattr(config, "use_cache", False) and "Cache" in str(err):
+        return (
+            "; the model returns its KV cache: set model.config.use_cache = False "
+            "(or pass use_cache=False) before importing it"
+        )
+    return ""
 
 
 def _train_sensitive(torch, module) -> list[str]:
@@ -135,6 +170,7 @@ def import_exported_program(program, custom_convert_map: Mapping | None = None):
 
     component = "tvmamp.from_torch"
     program = program.run_decompositions()
+    drop_legacy_empty_cat_inputs(program)
     calls = [n for n in program.graph.nodes if n.op == "call_function"]
     _refuse_train_ops(calls, program)
     known = set(ExportedProgramImporter().convert_map) | set(custom_convert_map or {})

@@ -61,6 +61,25 @@ def small_cnn(channels: int = 16, num_classes: int = 10, image_size: int = 32, s
     return model
 
 
+def zoo_style(model, opset: int = 8):
+    """A copy of ``model`` laid out as the classic model-zoo files are (IR version 3).
+
+    Every initializer is listed in ``graph.input`` too, after the data inputs, and the opset is
+    ``opset`` (``small_cnn``'s operators mean the same from opset 8 on).
+    """
+    old = onnx.ModelProto()
+    old.CopyFrom(model)
+    old.graph.input.extend(
+        helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+        for t in old.graph.initializer
+    )
+    del old.opset_import[:]
+    old.opset_import.append(helper.make_opsetid("", opset))
+    old.ir_version = 3
+    onnx.checker.check_model(old)
+    return old
+
+
 def run_reference(model, inputs) -> np.ndarray:
     """fp32 output of ``onnx.reference.ReferenceEvaluator`` (ONNX's own interpreter)."""
     from onnx.reference import ReferenceEvaluator

@@ -1,0 +1,59 @@
+"""Rewrites of a decomposed ExportedProgram's graph that TVM's PyTorch importer needs.
+
+Each rewrite keeps the program's meaning and turns a pattern TVM's importer translates wrongly
+or refuses into one it translates right. They run on the program returned by
+``run_decompositions`` (a new program), never on the caller's.
+"""
+
+from __future__ import annotations
+
+CAT_OPS = ("cat.default", "concat.default")
+
+
+def drop_legacy_empty_cat_inputs(program) -> int:
+    """Remove the 1-D empty tensors from ``aten.cat`` inputs; return how many were removed.
+
+    ``torch.cat`` skips any input of shape ``(0,)`` whatever the rank of the others (a legacy
+    rule). Hugging Face's ``DynamicCache`` relies on it: its first ``update`` concatenates the
+    4-D key and value states to ``torch.tensor([])``. TVM's ``concat`` requires one rank and
+    fails ("Concat expects all input tensors to have same ndim"). A cat left with one input
+    is that input (exported graphs are functional, so no copy is needed). A cat whose other
+    inputs have another dtype than its result (torch promotes across all inputs) is left alone.
+    """
+    graph = program.graph
+    removed = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or _overload_name(node) not in CAT_OPS:
+            continue
+        tensors = list(node.args[0])
+        kept = [t for t in tensors if not _is_legacy_empty(t)]
+        if not kept or len(kept) == len(tensors) or not all(_same_dtype(t, node) for t in kept):
+            continue
+        removed += len(tensors) - len(kept)
+        if len(kept) == 1:
+            node.replace_all_uses_with(kept[0])
+            graph.erase_node(node)
+        else:
+            node.args = (kept, *node.args[1:])
+    if removed:
+        graph.eliminate_dead_code()
+        program.graph_module.recompile()
+    return removed
+
+
+def _overload_name(node) -> str:
+    return getattr(node.target, "__name__", "")
+
+
+def _value(node):
+    return node.meta.get("val") if hasattr(node, "meta") else None
+
+
+def _is_legacy_empty(node) -> bool:
+    value = _value(node)
+    return value is not None and hasattr(value, "shape") and tuple(value.shape) == (0,)
+
+
+def _same_dtype(source, cat) -> bool:
+    a, b = _value(source), _value(cat)
+    return a is not None and b is not None and getattr(a, "dtype", None) == b.dtype
