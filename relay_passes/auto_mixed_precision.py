@@ -56,6 +56,20 @@ _VALUE_PRESERVING_OPS = (
     "relax.dynamic_strided_slice",
     "relax.split",
 )
+# Ops whose output may hold the values of any float input (where's branches, a fill value) or
+# values of about their size (adding a finite tensor to a huge mask constant): an overflowing
+# constant taints their output, so its consumers stay fp32 too. This is what keeps attention
+# masks built as where(mask, 0, finfo(float32).min) from turning into -inf (NaN rows) at O2.
+_VALUE_PASSING_OPS = (
+    "relax.where",
+    "relax.full",
+    "relax.full_like",
+    "relax.add",
+    "relax.subtract",
+    "relax.maximum",
+    "relax.minimum",
+    "relax.negative",
+)
 
 
 def np_dtype(dtype: str):
@@ -426,11 +440,19 @@ class _Rewriter(PyExprMutator):
 
     def _source_of_value(self, value):
         """The constant source of a bound value that moves, selects or casts a constant."""
+        if isinstance(value, Constant):  # lv = R.const(...): the var holds the constant
+            return self._source(value)
         if isinstance(value, relax.TupleGetItem):  # a part of split(constant)
             return self._source(value.tuple_value)
         if not isinstance(value, relax.Call) or not isinstance(value.op, tvm.ir.Op):
             return None
         name = value.op.name
+        if name in _VALUE_PASSING_OPS:
+            sources = [s for s in map(self._source, value.args) if s is not None]
+            if not sources:
+                return None
+            const, ops = max(sources, key=lambda s: self._peak(s[0]))
+            return const, (*ops, name)
         if (name not in _VALUE_PRESERVING_OPS and name not in _CAST_OPS) or not value.args:
             return None
         source = self._source(value.args[0])

@@ -118,13 +118,6 @@ def test_builds_at_o2_bf16_within_bf16_tolerance(imported):
     assert np.abs(out - want).mean() < 1e-2
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="AMP O2 lowers add(scores, where(mask, 0, finfo(float32).min)) to bf16, where the "
-    "mask constant rounds to -inf: fully masked (left-padded) query rows give NaN, which spreads "
-    "to the whole sequence; the overflow guard does not follow where() (relay_passes, not the "
-    "frontend)",
-)
 def test_left_padded_batch_at_o2_bf16_is_finite():
     model = _model(llama)
     mod, params = from_torch(model, _inputs(pad=0))

@@ -239,3 +239,47 @@ def test_bound_params_are_guarded_and_match_fp32(level):
     np.testing.assert_allclose(out, ref, rtol=1e-2, atol=1e-2 * np.abs(ref).mean())
     assert forced(exe.stats) == [("lv1", "relax.matmul", "float32")]
     assert "linear0.weight through relax.permute_dims" in exe.stats.forced[0].reason
+
+
+# An attention mask as Hugging Face models build it: where(mask, 0, finfo(float32).min), bound
+# to a variable, then added to the scores. bf16 rounds finfo(float32).min to -inf, and a fully
+# masked row (left padding) then gives softmax(-inf, ..., -inf) = NaN.
+F32_MIN = float(np.finfo(np.float32).min)
+
+
+@I.ir_module
+class Masked:
+    @R.function
+    def main(s: R.Tensor((2, 4), "float32"), keep: R.Tensor((2, 4), "bool")):
+        with R.dataflow():
+            zero = R.const(0.0, "float32")
+            low = R.const(F32_MIN, "float32")
+            mask = R.where(keep, zero, low)
+            biased = R.add(s, mask)
+            p = R.nn.softmax(biased, axis=-1)
+            R.output(p)
+        return p
+
+
+def test_a_huge_mask_constant_taints_where_and_the_add_that_reads_it():
+    out, report = run(Masked, "O2", "bfloat16")
+    assert forced(report) == [
+        ("mask", "relax.where", "float32"),
+        ("biased", "relax.add", "float32"),
+    ]
+    assert "through relax.where" in report.forced[1].reason
+    body = out["main"].body.blocks[0].bindings
+    dtypes = {b.var.name: str(b.var.ty.dtype) for b in body}
+    assert dtypes["mask"] == "float32" and dtypes["biased"] == "float32"
+
+
+def test_a_fully_masked_row_stays_finite_at_o2_bf16(rng):
+    scores = rng.standard_normal((2, 4)).astype("float32")
+    keep = np.array([[True, True, False, True], [False, False, False, False]])
+    exe = tvmamp.build(Masked, "O2", "llvm -num-cores=1", dtype="bfloat16")
+    out = exe(scores, keep)
+    assert np.isfinite(out).all()
+    biased = scores + np.where(keep, 0.0, F32_MIN)
+    ref = np.exp(biased - biased.max(-1, keepdims=True))
+    ref /= ref.sum(-1, keepdims=True)
+    np.testing.assert_allclose(out, ref, rtol=2e-2, atol=1e-2)
