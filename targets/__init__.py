@@ -40,6 +40,9 @@ class TargetEntry:
         legalization (BYOC partitioning, layout rewrites).
     pass_config : callable
         ``(target) -> dict``: PassContext options the build needs (e.g. cp.async on sm_80+).
+    finalize_passes : callable
+        ``(target) -> list[tvm.transform.Pass]``: run last, on the VM-ready module (the CPU
+        feature guard of :mod:`tvmamp.targets.cpu_guard`).
     """
 
     name: str
@@ -50,6 +53,7 @@ class TargetEntry:
     unsupported_low_ops: Callable = lambda target, dtype: ()
     partition_passes: Callable = lambda target, policy: []
     pass_config: Callable = lambda target: {}
+    finalize_passes: Callable = lambda target: []
 
 
 REGISTRY: dict[str, TargetEntry] = {}

@@ -10,37 +10,8 @@ import tvm
 from tvm.target import codegen
 
 from . import TargetEntry, register_target
-
-# LLVM feature name -> /proc/cpuinfo flag. A candidate CPU is usable only if every one of these
-# features it has is also on the host, so we never emit instructions the host lacks.
-_FEATURE_FLAGS = {
-    "avx2": "avx2",
-    "fma": "fma",
-    "f16c": "f16c",
-    "avx512f": "avx512f",
-    "avx512bw": "avx512bw",
-    "avx512vl": "avx512vl",
-    "avx512vnni": "avx512_vnni",
-    "avx512bf16": "avx512_bf16",
-    "avx512fp16": "avx512_fp16",
-    "amx-bf16": "amx_bf16",
-    "amx-fp16": "amx_fp16",
-}
-
-# Newest first: the first whose features the host has wins.
-_CANDIDATE_CPUS = (
-    "graniterapids",
-    "sapphirerapids",
-    "znver5",
-    "znver4",
-    "cooperlake",
-    "icelake-server",
-    "skylake-avx512",
-    "znver3",
-    "znver2",
-    "haswell",
-    "x86-64-v2",
-)
+from .cpu_features import CPU_LEVELS, cpu_level_features, cpuinfo_flags, host_cpu_features
+from .cpu_guard import guard_passes
 
 BF16_WARNING = (
     "tvmamp: target {cpu!r} has no avx512_bf16; bf16 will be widened to fp32 in software and "
@@ -49,14 +20,8 @@ BF16_WARNING = (
 
 
 def _host_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
+    """The /proc/cpuinfo flags (empty without /proc/cpuinfo); tests skip on them."""
+    return cpuinfo_flags() or set()
 
 
 @functools.lru_cache(maxsize=1)
@@ -65,33 +30,29 @@ def host_cpu() -> str:
 
     TVM's ``mcpu=native`` silently becomes generic in this LLVM, and LLVM's own host detection
     can name an older CPU under virtualisation, so we pick the newest known CPU whose features
-    are all present in ``/proc/cpuinfo``.
+    (:data:`cpu_features.FEATURES`) are all present on this host (``host_cpu_features``, read
+    from ``/proc/cpuinfo``). Code built for it passes the CPU feature guard on this host.
     """
-    flags = _host_flags()
+    host = host_cpu_features()
     system = codegen.llvm_get_system_cpu()
-    if not flags:
+    if host is None:
         return system
-    for cpu in (system, *_CANDIDATE_CPUS):
-        if _cpu_fits(cpu, flags) and _covers(cpu, flags, system):
+    for cpu in (system, *CPU_LEVELS):
+        if _cpu_fits(cpu, host) and _covers(cpu, host, system):
             return cpu
     return system
 
 
-def _cpu_features(cpu: str) -> set[str]:
-    target = tvm.target.Target({"kind": "llvm", "mcpu": cpu})
-    return {f for f in _FEATURE_FLAGS if codegen.llvm_cpu_has_features([f], target)}
+def _cpu_fits(cpu: str, host: frozenset[str]) -> bool:
+    return set(cpu_level_features(cpu)) <= host
 
 
-def _cpu_fits(cpu: str, flags: set[str]) -> bool:
-    return all(_FEATURE_FLAGS[f] in flags for f in _cpu_features(cpu))
-
-
-def _covers(cpu: str, flags: set[str], system: str) -> bool:
+def _covers(cpu: str, host: frozenset[str], system: str) -> bool:
     """The system CPU is taken only if no candidate offers more of the host's features."""
     if cpu != system:
         return True
-    best = max((len(_cpu_features(c)) for c in _CANDIDATE_CPUS if _cpu_fits(c, flags)), default=0)
-    return len(_cpu_features(system)) >= best
+    fitting = (len(cpu_level_features(c)) for c in CPU_LEVELS if _cpu_fits(c, host))
+    return len(cpu_level_features(system)) >= max(fitting, default=0)
 
 
 def _num_cores() -> int:
@@ -154,5 +115,6 @@ ENTRY = register_target(
         check=check,
         schedule_passes=schedule_passes,
         partition_passes=partition_passes,
+        finalize_passes=guard_passes,
     )
 )

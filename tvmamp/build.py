@@ -352,6 +352,8 @@ def _pipeline(target, entry, policy, database):
                 relax.transform.ComputePrimValue(),
                 relax.transform.VMShapeLower(),
                 relax.transform.AttachGlobalSymbol(),
+                # Phase 5. the target's last word (the CPU feature guard)
+                *entry.finalize_passes(target),
             ]
             return tvm.transform.Sequential(phases)(mod)
 

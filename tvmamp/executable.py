@@ -2,16 +2,109 @@
 
 from __future__ import annotations
 
+import tempfile
+
 import numpy as np
 import tvm
+import tvm_ffi
 from tvm import relax
 
 from tvmamp.relay_passes.auto_mixed_precision import np_dtype, tensor_dtype
+from tvmamp.targets.cpu_features import check_cpu_features
+from tvmamp.targets.cpu_guard import export_options
+
+# Bytes: TVM allocates tensors at this alignment, and its CPU kernels load them with aligned
+# vector moves (``vmovaps``), so a less aligned input can crash the process.
+ALIGNMENT = 64
+
+
+def aligned_input(value, device: tvm.runtime.Device):
+    """``value`` made safe to pass to a VM function.
+
+    numpy arrays are copied into a new tensor on ``device``; other DLPack tensors (torch, ...)
+    are wrapped without a copy when they are on ``device``, contiguous and 64-byte aligned, and
+    copied otherwise; TVM tensors are copied (on their own device) only when not aligned or not
+    contiguous. Tuples and lists are converted element by element; other values pass unchanged.
+    """
+    if isinstance(value, tvm_ffi.Tensor):
+        return value if _is_aligned(value) else _copy(value, value.device)
+    if isinstance(value, np.ndarray):
+        return tvm.runtime.tensor(value, device)
+    if isinstance(value, (tuple, list)):
+        return type(value)(aligned_input(v, device) for v in value)
+    if hasattr(type(value), "__dlpack__"):
+        tensor = tvm_ffi.from_dlpack(value)
+        if _is_aligned(tensor) and tensor.device == device:
+            return tensor
+        return _copy(tensor, device)
+    return value
+
+
+def _is_aligned(tensor) -> bool:
+    return tensor.data_ptr() % ALIGNMENT == 0 and tensor.is_contiguous()
+
+
+def _copy(tensor, device):
+    if tensor.is_contiguous():
+        return tvm.runtime.empty(tensor.shape, tensor.dtype, device).copyfrom(tensor)
+    return tvm.runtime.tensor(np.ascontiguousarray(np.from_dlpack(tensor)), device)
+
+
+class AlignedVirtualMachine(relax.VirtualMachine):
+    """A Relax VM whose functions take numpy arrays, DLPack tensors and unaligned tensors.
+
+    ``vm["main"](x)`` converts every argument with :func:`aligned_input` first (TVM passes
+    numpy arrays to the kernels without a copy, and a numpy array is often not 64-byte
+    aligned); so do ``time_evaluator``, ``set_input``, ``save_function`` and
+    ``invoke_closure``. Everything else is ``relax.VirtualMachine``'s.
+    """
+
+    def __init__(self, rt_mod, device, memory_cfg=None):
+        super().__init__(rt_mod, device, memory_cfg)
+        self.device = device[0] if isinstance(device, (list, tuple)) else device
+
+    def _align(self, args) -> list:
+        return [aligned_input(a, self.device) for a in args]
+
+    def __getitem__(self, name: str):
+        return AlignedFunction(super().__getitem__(name), self.device)
+
+    def invoke_closure(self, closure, *args):
+        return super().invoke_closure(closure, *self._align(args))
+
+    def save_function(self, func_name, saved_name, *args, include_return=True, **kwargs):
+        kwargs = {k: aligned_input(v, self.device) for k, v in kwargs.items()}
+        super().save_function(
+            func_name, saved_name, *self._align(args), include_return=include_return, **kwargs
+        )
+
+    def set_input(self, func_name, *args, **kwargs):
+        kwargs = {k: aligned_input(v, self.device) for k, v in kwargs.items()}
+        super().set_input(func_name, *self._align(args), **kwargs)
+
+    def time_evaluator(self, func_name, dev, *args, **kwargs):
+        timer = super().time_evaluator(func_name, dev, *args, **kwargs)
+        return lambda *inputs: timer(*self._align(inputs))
+
+
+class AlignedFunction:
+    """A VM function that converts its arguments with :func:`aligned_input` (``.function`` is
+    the underlying TVM function)."""
+
+    def __init__(self, function, device):
+        self.function = function
+        self.device = device
+
+    def __call__(self, *args):
+        return self.function(*(aligned_input(a, self.device) for a in args))
 
 
 def _device_for(target: tvm.target.Target) -> tvm.runtime.Device:
-    kind = target.kind.name
-    return tvm.cpu(0) if kind in ("llvm", "c") else tvm.device(kind, 0)
+    return tvm.device(target.get_target_device_type(), 0)
+
+
+# Source format of get_source -> the kind of runtime module that holds it.
+SOURCE_MODULES = {"asm": "llvm", "ll": "llvm", "cuda": "cuda", "ptx": "cuda"}
 
 
 class Executable:
@@ -46,15 +139,20 @@ class Executable:
         self._params = [(p.name, p.ty) for p in mod["main"].params] if "main" in mod else []
 
     @property
-    def vm(self) -> relax.VirtualMachine:
-        """The Relax VM (created on first use; needs the target's device)."""
+    def vm(self) -> AlignedVirtualMachine:
+        """The Relax VM (created on first use; needs the target's device and CPU features).
+
+        Its functions copy numpy arrays, DLPack tensors and TVM tensors that are not 64-byte
+        aligned into aligned tensors on ``self.device`` (TVM's kernels assume the alignment).
+        """
         if self._vm is None:
             if not self.device.exist:
                 raise RuntimeError(
                     f"tvmamp: no {self.target.kind.name} device on this machine to run the "
                     "executable; export it with export_library() and run it where one exists"
                 )
-            self._vm = relax.VirtualMachine(self.vm_exec, self.device)
+            check_cpu_features(self.target)
+            self._vm = AlignedVirtualMachine(self.vm_exec, self.device)
         return self._vm
 
     def __call__(self, *inputs, func: str = "main"):
@@ -86,15 +184,21 @@ class Executable:
         return tvm.runtime.tensor(array, self.device)
 
     def export_library(self, path: str) -> str:
-        """Write a shared library loadable with ``tvm.runtime.load_module``."""
-        self.vm_exec.export_library(path)
+        """Write a shared library loadable with ``tvm.runtime.load_module``.
+
+        For a CPU target beyond baseline x86-64 the library holds the CPU feature guard
+        (:mod:`tvmamp.targets.cpu_guard`): on a CPU without the target's features its functions
+        raise an error naming them instead of crashing.
+        """
+        with tempfile.TemporaryDirectory(prefix="tvmamp_export_") as workspace:
+            self.vm_exec.export_library(path, **export_options(self.target, workspace))
         return path
 
     def get_source(self, fmt: str = "asm") -> str:
         """Generated code: "asm" or "ll" for LLVM kernels, "cuda" or "ptx" for CUDA ones."""
-        formats = ("asm", "ll", "cuda", "ptx")
-        if fmt not in formats:
-            raise ValueError(f"tvmamp: source format {fmt!r} is not one of {', '.join(formats)}")
+        if fmt not in SOURCE_MODULES:
+            choices = ", ".join(SOURCE_MODULES)
+            raise ValueError(f"tvmamp: source format {fmt!r} is not one of {choices}")
         if fmt == "ptx":
             from tvm.support import nvcc
 
@@ -102,7 +206,7 @@ class Executable:
             with self.target:  # nvcc reads the compute version from the current target
                 ptx = nvcc.compile_cuda(self.get_source("cuda"), "ptx", arch, compiler="nvcc")
             return ptx if isinstance(ptx, str) else bytes(ptx).decode()
-        kind = "cuda" if fmt == "cuda" else "llvm"
+        kind = SOURCE_MODULES[fmt]
         sources = [m.inspect_source(fmt) for m in _walk(self.vm_exec.mod) if m.kind == kind]
         if not sources:
             raise ValueError(f"tvmamp: this executable has no {kind} module to show as {fmt}")
@@ -139,4 +243,4 @@ def to_numpy(value):
     return value
 
 
-__all__ = ["Executable", "tensor_dtype", "to_numpy"]
+__all__ = ["AlignedVirtualMachine", "Executable", "aligned_input", "tensor_dtype", "to_numpy"]

@@ -4,6 +4,7 @@ import re
 
 import numpy as np
 import pytest
+import tvm
 from tvm import relax
 
 import tvmamp
@@ -143,11 +144,14 @@ def test_checker_works_inside_a_training_step():
     config = TensorCheckerConfig(True, debug_mode=DebugMode.CHECK_NAN_INF)
     with debugging.tensor_checker(config):
         exe = compile_converted(converted)
-        loss, (grad,) = exe.vm["loss_adjoint"](
-            np.full((4, 8), 0.1, "float32"), np.eye(8, dtype="float32")
-        )
+        loss_adjoint = exe.vm["loss_adjoint"]
+        x, w = np.full((4, 8), 0.1, "float32"), np.eye(8, dtype="float32")
+        # VM functions take 64-byte aligned TVM tensors (numpy memory is often less aligned)
+        loss, (grad,) = loss_adjoint(tvm.runtime.tensor(x), tvm.runtime.tensor(w))
         assert config.findings == []
-        exe.vm["loss_adjoint"](np.full((4, 8), 30.0, "float32"), np.eye(8, dtype="float32") * 10)
+        loss_adjoint(
+            tvm.runtime.tensor(np.full((4, 8), 30.0, "float32")), tvm.runtime.tensor(w * 10)
+        )
     assert (config.findings[0].func, config.findings[0].op) == ("loss_adjoint", "multiply")
 
 

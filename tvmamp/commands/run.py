@@ -54,16 +54,18 @@ def load_inputs(paths) -> list[np.ndarray]:
 def run(args) -> int:
     """Run the library and print (or save) the outputs."""
     import tvm
-    from tvm import relax
 
-    from tvmamp.executable import to_numpy
+    from tvmamp.executable import AlignedVirtualMachine, to_numpy
+    from tvmamp.targets.cpu_guard import check_library
 
     if not os.path.isfile(args.library):
         raise FileNotFoundError(f"tvmamp run: no such file {args.library!r}")
     arrays = load_inputs(args.inputs)
     print(f"[run] loading {args.library} ...", file=sys.stderr, flush=True)
-    vm = relax.VirtualMachine(tvm.runtime.load_module(args.library), tvm.cpu())
-    inputs = [tvm.runtime.tensor(a) for a in arrays]
+    lib = tvm.runtime.load_module(args.library)
+    check_library(lib)  # the CPU features it was compiled for, before any kernel runs
+    vm = AlignedVirtualMachine(lib, tvm.cpu())
+    inputs = [tvm.runtime.tensor(a, tvm.cpu()) for a in arrays]  # aligned copies
     start = time.perf_counter()
     outputs = to_numpy(vm["main"](*inputs))
     print(f"[run] ran in {time.perf_counter() - start:.3f} s", file=sys.stderr, flush=True)
