@@ -100,6 +100,7 @@ def make_entry(name: str, desc: NpuDescriptor) -> NpuTargetEntry:
         default_dtype=lambda target: desc.dtypes[0],
         check=lambda target, dtype: check_dtype(desc, dtype),
         schedule_passes=host.schedule_passes,
+        finalize_passes=host.guard_passes,
         unsupported_low_ops=unsupported_low_ops,
         partition_passes=lambda target, policy: partition_passes(desc, policy),
         descriptor=desc,
