@@ -19,7 +19,16 @@ def median_latency_ms(exe, inputs, repeat: int = 10, min_repeat_ms: int = 0) -> 
 
 
 def max_rel_error(out, ref) -> float:
-    """max |out - ref| / max |ref|, in float64 (tuples compared element by element)."""
+    """The normwise relative error ``max|out - ref| / max|ref|``, in float64.
+
+    One number for a whole output, as the demo, the CLI and bench/ report it: the largest
+    absolute error divided by the largest reference magnitude (the infinity norms of the error
+    and of the reference). It is not an elementwise relative error: an element much smaller than
+    the largest, such as most of a softmax's probabilities, may be wrong by many times its own
+    size while this number stays small. Tests check outputs elementwise instead
+    (``|out - ref| <= atol + rtol * |ref|``). Tuples are compared field by field and the largest
+    error is returned; a reference that is all zeros divides by 1.
+    """
     if isinstance(ref, tuple):
         return max(max_rel_error(o, r) for o, r in zip(out, ref))
     out = np.asarray(out, dtype=np.float64)

@@ -27,6 +27,20 @@ class _Builder:
         self.values[name] = value.astype("float32")
         return var
 
+    def positive(self, name: str, shape, low: float, high: float) -> relax.Var:
+        """A parameter with values in ``[low, high]`` or ``[1/high, 1/low]``, never near 1.
+
+        For batch-norm running variances: half the channels well below 1 and half well above
+        (log-uniform magnitudes, random signs of the log), so a BN that ignores the variance,
+        or uses ``1/var`` or ``var`` for ``1/sqrt(var)``, gives visibly wrong outputs.
+        """
+        var = relax.Var(name, relax.TensorType(shape, "float32"))
+        log = self.rng.uniform(np.log(low), np.log(high), shape)
+        value = np.exp(log * self.rng.choice([-1.0, 1.0], shape))
+        self.params.append(var)
+        self.values[name] = value.astype("float32")
+        return var
+
 
 def _linear(bb, b: _Builder, x, name, n_in, n_out):
     w = b.param(f"{name}.weight", (n_out, n_in), 1.0 / np.sqrt(n_in))
@@ -63,7 +77,11 @@ def simple_net(batch: int = 256, hidden: int = 1024, layers: int = 9, seed: int 
 
 
 def conv_net(batch: int = 1, channels: int = 16, size: int = 16, blocks: int = 2, seed: int = 0):
-    """``blocks`` x (conv3x3 + batch_norm + relu), then global average pool and a linear head."""
+    """``blocks`` x (conv3x3 + batch_norm + relu), then global average pool and a linear head.
+
+    The batch norms run in inference mode with seeded random running statistics: means of
+    scale 0.5 and variances in [0.2, 0.5] or [2, 5] (never 1, so the variance matters).
+    """
 
     def body(bb, b, x):
         c_in = 3
@@ -71,8 +89,8 @@ def conv_net(batch: int = 1, channels: int = 16, size: int = 16, blocks: int = 2
             w = b.param(f"conv{i}.weight", (channels, c_in, 3, 3), 1.0 / np.sqrt(9 * c_in))
             gamma = b.param(f"bn{i}.weight", (channels,), 0.1, 1.0)
             beta = b.param(f"bn{i}.bias", (channels,), 0.1)
-            mean = b.param(f"bn{i}.running_mean", (channels,), 0.1)
-            var = b.param(f"bn{i}.running_var", (channels,), 0.0, 1.0)
+            mean = b.param(f"bn{i}.running_mean", (channels,), 0.5)
+            var = b.positive(f"bn{i}.running_var", (channels,), 2.0, 5.0)
             x = bb.emit(relax.op.nn.conv2d(x, w, padding=1))
             bn = bb.emit(relax.op.nn.batch_norm(x, gamma, beta, mean, var, axis=1, training=False))
             x = bb.emit(relax.op.nn.relu(bb.emit(relax.TupleGetItem(bn, 0))))

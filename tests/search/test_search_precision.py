@@ -36,9 +36,9 @@ def test_search_fixes_the_model_o2_breaks(overflow_case):
     mod, params, calib, plan = overflow_case
     reference = tvmamp.build(mod, "O0", TARGET, params=params)
     o2 = tvmamp.build(mod, "O2", TARGET, dtype="float16", params=params)
-    assert not max_rel_error(o2(calib[0]), reference(calib[0])) <= 5e-3  # O2 is broken (NaN/inf)
+    assert not np.isfinite(o2(calib[0])).all()  # O2 is broken (NaN/inf)
     exe = tvmamp.build(mod, target=TARGET, params=params, plan=plan)
-    for x in calib:
+    for x in calib:  # the budget is normwise (ErrorBudget: max|amp - fp32| / max|fp32|)
         assert max_rel_error(exe(x), reference(x)) <= 5e-3
     assert plan.metrics["met_budget"] and plan.metrics["calibration_error"] <= 5e-3
     assert "holdout_error" in plan.metrics
@@ -245,7 +245,7 @@ def test_build_auto_search_level(overflow_case):
         k: ("float32" if v == "float32" else "float16") for k, v in exe.plan.node_dtypes.items()
     }
     reference = tvmamp.build(mod, "O0", TARGET, params=params)
-    assert max_rel_error(exe(calib[0]), reference(calib[0])) <= 5e-3
+    assert max_rel_error(exe(calib[0]), reference(calib[0])) <= 5e-3  # the (normwise) budget
 
 
 @pytest.mark.parametrize(

@@ -7,17 +7,20 @@ development and CI machines have none); run them with ``pytest -m gpu`` where on
 import numpy as np
 import pytest
 import tvm
+from tolerances import assert_close, tolerance
 from tvm import relax
 
 import tvmamp
 from tvmamp import models
-from tvmamp.benchmark import max_rel_error
 from tvmamp.relay_passes.auto_mixed_precision import np_dtype
 from tvmamp.targets import cuda as cuda_target
 from tvmamp.targets import resolve_target
 
 pytestmark = pytest.mark.gpu
-TOL = 1e-2
+# Elementwise tolerances of the model outputs (order 1): bf16 as on the CPU; fp16 twice the
+# CPU's (tests/tolerances.py), for CUDA's fast transcendental intrinsics. Not yet measured on
+# a GPU: the development and CI machines have none.
+MODEL_TOL = {"float16": dict(rtol=1e-2, atol=1e-2), "bfloat16": tolerance("bfloat16")}
 
 
 def local_cc() -> int:
@@ -37,7 +40,7 @@ def test_models_match_fp32(name, dtype):
     inputs = models.example_inputs(mod)
     ref = tvmamp.build(mod, "O0", "cuda", params=params)(*inputs)
     out = tvmamp.build(mod, "O2", "cuda", dtype, params=params)(*inputs)
-    assert max_rel_error(out, ref) <= TOL
+    assert_close(out, ref, **MODEL_TOL[dtype], what=f"{name} {dtype}")
 
 
 def gemm_module(m, n, k, dtype, batch=None):
@@ -65,7 +68,8 @@ def test_gemm_shapes_match_float64(shape, dtype, rng):
     low = np_dtype(dtype)
     a, b = a.astype(low), b.astype(low)
     want = np.matmul(a.astype("float64"), b.astype("float64"))
-    assert max_rel_error(exe(a, b).astype("float64"), want) <= TOL
+    # sums of k unit terms are ~sqrt(k): atol scales with it (one low rounding of the result)
+    assert_close(exe(a, b), want, **tolerance(dtype, scale=np.sqrt(k)), what=f"gemm {shape}")
 
 
 def test_large_matmul_is_within_5x_of_torch():
@@ -117,4 +121,4 @@ def test_cp_async_kernels_match_fp32():
     ref = tvmamp.build(mod, "O0", "cuda", params=params)(*inputs)
     with tvm.transform.PassContext(opt_level=3, config={"tirx.use_async_copy": True}):
         out = tvmamp.build(mod, "O2", "cuda", "float16", params=params)(*inputs)
-    assert max_rel_error(out, ref) <= TOL
+    assert_close(out, ref, **MODEL_TOL["float16"], what="conv_net with cp.async")

@@ -7,12 +7,12 @@ import textwrap
 import numpy as np
 import pytest
 import tvm
+from tolerances import assert_close, tolerance
 from tvm import relax
 
 import tvmamp
 import tvmamp.targets.npu as npu
 from tvmamp import models
-from tvmamp.benchmark import max_rel_error
 from tvmamp.executable import _walk
 
 TARGET = "npu -num-cores=1"
@@ -43,12 +43,12 @@ def conv_pool_net(seed=0):
     return mod, params
 
 
-def build_and_check(mod, params, tol=1e-2):
+def build_and_check(mod, params):
     exe = tvmamp.build(mod, "O2", TARGET, params=params)
     x = models.example_inputs(mod)
     ref = tvmamp.build(mod, "O0", "llvm -num-cores=1", params=params)(*x)
     out = exe(*x)
-    assert max_rel_error(out, ref) <= tol
+    assert_close(out, ref, **tolerance(exe.policy.low_dtype))
     return exe, x, out
 
 
@@ -75,7 +75,7 @@ def mlp(tmp_path_factory):
 
 def test_mlp_matches_fp32(mlp):
     exe, _, _, out, ref = mlp
-    assert max_rel_error(out, ref) <= 1e-2
+    assert_close(out, ref, **tolerance(exe.policy.low_dtype))
     assert npu.partition_report(exe).patterns() == {"dense_bias_relu": 2, "dense_bias": 1}
     sources = [m.inspect_source() for m in _walk(exe.vm_exec.mod) if m.kind == "c"]
     assert len(sources) == 1 and sources[0].count("tvmamp_npu::Matmul<") == 3

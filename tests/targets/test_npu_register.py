@@ -1,11 +1,11 @@
 """A second, toy NPU registered from a test through register_npu, without touching the core."""
 
 import pytest
+from tolerances import assert_close, tolerance
 
 import tvmamp
 import tvmamp.targets.npu as npu
 from tvmamp import models, targets
-from tvmamp.benchmark import max_rel_error
 
 # An 8-wide matrix engine that runs fp16 matmuls and dense+bias+relu, nothing else; one NPU
 # function per pattern (FuseOpsByPattern(annotate_codegen=True), no MergeCompositeFunctions).
@@ -46,7 +46,7 @@ def test_toy_npu_builds_runs_and_reports(toy):
     assert len(calls) == 1 and len(calls[0]) == 2
     x = models.example_inputs(mod)
     ref = tvmamp.build(mod, "O0", "llvm -num-cores=1", params=params)(*x)
-    assert max_rel_error(exe(*x), ref) <= 1e-2
+    assert_close(exe(*x), ref, **tolerance(exe.policy.low_dtype))
 
 
 def test_the_reference_npu_rejects_what_the_toy_accepts(toy):

@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+from tolerances import assert_close, tolerance
 from tvm import relax
 
 from tvmamp import models
@@ -64,11 +65,13 @@ def test_fp16_gradient_underflow_is_real_and_loss_scaling_fixes_it(model, rng):
         zeros = np.mean(plain[name] == 0)
         assert zeros > 0.25, f"{name}: only {zeros:.0%} of the unscaled grads flushed to zero"
         assert _rel_err(plain[name], want) > 0.2
-        assert _rel_err(scaled[name], want) < 1e-2, name
+        # every element, the small ones included (grads here are ~1e-7: atol scales with them)
+        assert_close(scaled[name], want, **tolerance("float16", np.abs(want).max()), what=name)
         assert np.mean(scaled[name] == 0) == 0, name
 
 
 def _rel_err(got, want):
+    """Normwise error: used only to show that a result is far off (> 0.2 of the largest)."""
     return np.abs(got - want).max() / np.abs(want).max()
 
 

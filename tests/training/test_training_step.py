@@ -2,9 +2,10 @@
 
 import numpy as np
 import pytest
+from tolerances import assert_close, tolerance
 
 from tvmamp import models
-from tvmamp.loss_scale import DynamicLossScale, reference_update
+from tvmamp.loss_scale import DynamicLossScale, StaticLossScale, reference_update
 from tvmamp.training import SGD, Adam, Trainer
 
 BATCH, HIDDEN = 4, 8
@@ -113,3 +114,81 @@ def test_gradient_accumulation_sums_k_steps():
         expected = params[name].astype(np.float64) - lr * (g1[name] + g2[name])
         np.testing.assert_allclose(value, expected, rtol=1e-5, atol=1e-6)
     assert [h["skipped"] for h in trainer.history] == [False, False]
+
+
+def _snapshot(trainer):
+    return trainer.params, [s.numpy() for s in trainer._optim]
+
+
+def _assert_bitwise_equal(params, optim, trainer):
+    for name, value in trainer.params.items():
+        assert value.tobytes() == params[name].tobytes(), name
+    for old, new in zip(optim, trainer._optim):
+        assert old.tobytes() == new.numpy().tobytes()
+
+
+@pytest.mark.parametrize("bad", [0, 1])
+def test_accumulation_skips_the_whole_step_when_a_micro_step_overflows(bad):
+    """O1 fp16, k=2, a real fp16 overflow in micro-step ``bad`` (inputs x1000: the scaled
+    backward exceeds 65504; fp32 would not overflow). The accumulated update is skipped, the
+    scale halves on the update step only, and the next accumulation starts from zero."""
+    mod, params = models.simple_net(batch=BATCH, hidden=HIDDEN, layers=2, seed=5)
+    lr, init = 0.1, 2.0**12
+    scaler = DynamicLossScale(init=init, incr_every_n_steps=1)  # Paddle: x0.5 on 1 bad step
+    trainer = Trainer(
+        mod, "mse", SGD(lr), "O1", "float16", scaler=scaler, params=params, accumulate_steps=2
+    )
+    xs, ys = _data(np.random.default_rng(6), 4)
+    xs[bad] *= 1000.0
+    p0, optim0 = _snapshot(trainer)
+    trainer.step(xs[0], ys[0])
+    assert trainer.found_inf == (bad == 0) and trainer.loss_scale == init  # no update yet
+    trainer.step(xs[1], ys[1])
+    assert trainer.found_inf and trainer.history[-1]["skipped"]
+    _assert_bitwise_equal(p0, optim0, trainer)  # the good micro-step's grads were dropped too
+    assert trainer.loss_scale == init / 2 and trainer.skipped_steps == 1
+    g2, g3 = trainer.gradients(xs[2], ys[2]), trainer.gradients(xs[3], ys[3])
+    trainer.step(xs[2], ys[2])
+    assert not trainer.found_inf and trainer.loss_scale == init / 2  # still accumulating
+    trainer.step(xs[3], ys[3])
+    assert not trainer.found_inf and trainer.loss_scale == init  # grows on the update step
+    for name, value in trainer.params.items():  # the accumulator was reset after the skip
+        expected = params[name].astype(np.float64) - lr * (g2[name] + g3[name])
+        np.testing.assert_allclose(value, expected, rtol=1e-5, atol=1e-6, err_msg=name)
+    assert [h["skipped"] for h in trainer.history] == [False, True, False, False]
+    assert [h["loss_scale"] for h in trainer.history] == [init, init, init / 2, init / 2]
+    fp32 = Trainer(mod, "mse", SGD(lr), "O0", scaler=DynamicLossScale(init=init), params=params)
+    fp32.step(xs[bad], ys[bad])
+    assert not fp32.found_inf  # the overflow is fp16's, not the model's
+
+
+def test_too_large_a_scale_overflows_the_fp16_backward_until_the_scaler_backs_off():
+    """MindSpore's initial scale 2^24 makes the scaled fp16 gradients of this model overflow
+    (no injected inf): each step is skipped and halves the scale until the gradients fit; then
+    every step updates, with fp16 gradients that match fp32's."""
+    mod, params = models.simple_net(batch=BATCH, hidden=HIDDEN, layers=2, seed=5)
+    rng = np.random.default_rng(0)
+    x, y = (rng.standard_normal((BATCH, HIDDEN)).astype("float32") for _ in range(2))
+    scaler = DynamicLossScale(preset="mindspore")
+    trainer = Trainer(mod, "mse", SGD(0.01), "O1", "float16", scaler=scaler, params=params)
+    fp32 = Trainer(mod, "mse", SGD(0.01), "O0", scaler=scaler, params=params)
+    want = fp32.gradients(x, y)
+    fp32.step(x, y)
+    assert not fp32.found_inf  # in fp32 the same scale is harmless
+    state, losses = trainer.scaler.state, []
+    for _ in range(12):
+        before = _snapshot(trainer)
+        losses.append(trainer.step(x, y))
+        state = reference_update(trainer.scaler, state, trainer.found_inf)
+        assert tuple(float(v) for v in trainer.scale_state) == tuple(float(v) for v in state)
+        if trainer.found_inf:
+            _assert_bitwise_equal(*before, trainer)
+    skipped = [h["skipped"] for h in trainer.history]
+    backoffs = skipped.index(False)
+    assert backoffs >= 2 and not any(skipped[backoffs:]), skipped  # measured: 6 backoffs
+    assert trainer.loss_scale == 2.0**24 / 2**backoffs
+    assert np.all(np.diff(losses[backoffs:]) < 0), losses  # the updates train the model
+    backed_off = StaticLossScale(trainer.loss_scale)  # on the initial params
+    fresh = Trainer(mod, "mse", SGD(0.01), "O1", "float16", scaler=backed_off, params=params)
+    for name, grad in fresh.gradients(x, y).items():
+        assert_close(grad, want[name], **tolerance("float16", np.abs(want[name]).max()), what=name)

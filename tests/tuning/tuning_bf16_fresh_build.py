@@ -3,9 +3,12 @@
 Nothing from the tuning process (registered intrinsics, databases) is present here, so the log's
 traces are replayed as a user's build replays them. Besides the log's own build, it builds with
 one register-tile record per kernel alone (the vdpbf16ps path), then prints one JSON line:
-numerics, instructions, where weights are packed, and the tuned/untuned time ratio.
+which kernels each build scheduled from its database (seen by a pass instrument inside the
+build, and compared with the records replayed on their own), instructions, where weights are
+packed, and the tuned/untuned time ratio. The outputs and the float64 reference are saved to
+RESULT (an .npz) for the test to compare elementwise.
 
-Usage: python tuning_bf16_fresh_build.py LOG TARGET MODEL_JSON
+Usage: python tuning_bf16_fresh_build.py LOG TARGET MODEL_JSON RESULT
 """
 
 import json
@@ -13,16 +16,53 @@ import sys
 
 import numpy as np
 import tvm
-from tvm import relax
+import tvm_ffi
+from tvm import relax, tirx
 from tvm.s_tir import meta_schedule as ms
 
 import tvmamp
 from tvmamp import models
-from tvmamp.benchmark import max_rel_error, paired_medians
+from tvmamp.benchmark import paired_medians
 from tvmamp.build import _pipeline
 from tvmamp.executable import Executable
 from tvmamp.tuning import load_tuning_log
 from tvmamp.tuning.tasks import lower_for_tuning
+
+
+def scheduled(mod):
+    """The kernels of ``mod`` that have a schedule (after MetaScheduleApplyDatabase: tuned)."""
+    return {
+        gv.name_hint: f
+        for gv, f in mod.functions_items()
+        if isinstance(f, tirx.PrimFunc) and f.attrs.get("tirx.is_scheduled", False)
+    }
+
+
+@tvm.instrument.pass_instrument
+class AppliedKernels:
+    """Keeps the kernels that MetaScheduleApplyDatabase scheduled, each time it runs."""
+
+    def __init__(self):
+        self.runs = []
+
+    def run_after_pass(self, mod, info):
+        if info.name == "MetaScheduleApplyDatabase":
+            self.runs.append(scheduled(mod))
+
+
+def applied(build, converted, database):
+    """Run ``build()`` under the instrument: (its result, the kernels it applied from
+    ``database``, whether each equals the record replayed on its own)."""
+    instrument = AppliedKernels()
+    with tvm.transform.PassContext(instruments=[instrument]):
+        exe = build()
+    (built,) = instrument.runs
+    with converted.target, database:
+        replayed = scheduled(
+            relax.transform.MetaScheduleApplyDatabase()(lower_for_tuning(converted))
+        )
+    same = all(tvm_ffi.structural_equal(f, replayed.get(n)) for n, f in built.items())
+    return exe, sorted(built), same and sorted(built) == sorted(replayed)
 
 
 def reference(params, layers, x):
@@ -88,20 +128,26 @@ def main():
     log, target, model = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
     mod, params = models.simple_net(**model)
     x = models.example_inputs(mod)[0]
-    ref = reference(params, model["layers"], x)
-    exe = tvmamp.build(mod, "O2", target, "bfloat16", params, tuning_log=log)
-    untuned = tvmamp.build(mod, "O2", target, "bfloat16", params)
     converted = tvmamp.convert(mod, "O2", target, "bfloat16", params)
     database, _ = load_tuning_log(log, converted)
+    exe, built, same = applied(
+        lambda: tvmamp.build(mod, "O2", target, "bfloat16", params, tuning_log=log),
+        converted,
+        database,
+    )
+    untuned = tvmamp.build(mod, "O2", target, "bfloat16", params)
     tiles = register_tile_records(log)
-    tiled = build_with(converted, tiles)
+    tiled, tile_built, tile_same = applied(lambda: build_with(converted, tiles), converted, tiles)
     tuned_s, untuned_s = paired_medians([lambda: exe(x), lambda: untuned(x)], 25)
+    np.savez(sys.argv[4], out=exe(x), tile_out=tiled(x), ref=reference(params, model["layers"], x))
     out = {
         "notes": exe.notes,
-        "err": max_rel_error(exe(x), ref),
+        "built": built,
+        "same": same,
+        "tile_built": tile_built,
+        "tile_same": tile_same,
         "asm": [k for k in ("tdpbf16ps", "vdpbf16ps") if k in exe.get_source("asm")],
         "packing": packing(converted, database),
-        "tile_err": max_rel_error(tiled(x), ref),
         "tile_asm": "vdpbf16ps" in tiled.get_source("asm"),
         "tile_packing": packing(converted, tiles),
         "ratio": tuned_s / untuned_s,
