@@ -72,6 +72,16 @@ _VALUE_PASSING_OPS = (
 )
 
 
+def _float32_to(ty, dtype: str):
+    """``ty`` with every float32 tensor made ``dtype`` (the result type of a low-I/O function)."""
+    if isinstance(ty, relax.TensorType) and str(ty.dtype) == "float32":
+        shape = ty.shape if isinstance(ty.shape, relax.ShapeExpr) else None
+        return relax.TensorType(shape, dtype, ty.vdevice, ndim=-1 if shape else ty.ndim)
+    if isinstance(ty, relax.TupleType):
+        return relax.TupleType([_float32_to(f, dtype) for f in ty.fields])
+    return ty
+
+
 def np_dtype(dtype: str):
     """numpy dtype for a TVM float dtype name (bfloat16 via ml_dtypes)."""
     return ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
@@ -167,12 +177,11 @@ class _Rewriter(PyExprMutator):
             self._make_unique(param.name)
         self._param_names.update({p: p.name for p in func.params})
         new = self.visit_expr(func)
-        if low_io:
-            return new
-        body = self._restore(new.body, func.ret_ty)
+        ret_ty = _float32_to(func.ret_ty, self.policy.low_dtype) if low_io else func.ret_ty
+        body = self._restore(new.body, ret_ty)
         if body.same_as(new.body):
             return new
-        return relax.Function(new.params, body, func.ret_ty, new.is_pure, new.attrs, new.span)
+        return relax.Function(new.params, body, ret_ty, new.is_pure, new.attrs, new.span)
 
     def visit_var_def_(self, var):
         if self._low_params and var in self._param_names and tensor_dtype(var) == "float32":

@@ -76,14 +76,7 @@ def test_od_runs_only_the_white_list_low_and_o3_runs_everything_low(name):
     [
         "conv_bn_relu",
         "mlp",
-        pytest.param(
-            "transformer",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="returns float32: the last op (layer_norm, black list) runs fp32 and "
-                "keep_io_types=False does not cast the result to the low dtype",
-            ),
-        ),
+        "transformer",
     ],
 )
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
