@@ -183,11 +183,11 @@ def _compile(mod, target):
     import tvm
     from tvm import relax
 
-    from tvmamp.build import legalize_and_fuse
+    from tvmamp.pipeline import legalize_passes
     from tvmamp.schedules.cpu import cpu_schedule_passes
 
     with target:
-        mod = tvm.transform.Sequential([*legalize_and_fuse(), *cpu_schedule_passes(target)])(mod)
+        mod = tvm.transform.Sequential([*legalize_passes(), *cpu_schedule_passes(target)])(mod)
     return relax.VirtualMachine(tvm.compile(mod, target=target), tvm.cpu())
 
 

@@ -38,14 +38,14 @@ def main() -> None:
 @contextlib.contextmanager
 def generic_fp16_rule():
     """Build without the F16C rule: fp16 matmuls go to the generic CPU matmul rule."""
-    from tvmamp.schedules import cpu
+    from tvmamp.schedules.cpu import default_rules
 
-    saved = cpu.has_f16c
-    cpu.has_f16c = lambda _target: False
+    saved = default_rules.has_f16c
+    default_rules.has_f16c = lambda _target: False
     try:
         yield
     finally:
-        cpu.has_f16c = saved
+        default_rules.has_f16c = saved
 
 
 def _builds(mod, params, target: str) -> dict:

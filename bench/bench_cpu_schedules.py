@@ -16,10 +16,10 @@ from tvm import relax
 from tvm.relax.frontend.torch import from_exported_program
 
 from tvmamp.benchmark import paired_medians
-from tvmamp.build import legalize_and_fuse
+from tvmamp.pipeline import legalize_passes
 from tvmamp.schedules.cpu import cpu_schedule_passes
 
-LEGALIZE = legalize_and_fuse()
+LEGALIZE = legalize_passes()
 
 
 def _target(cores: int) -> tvm.target.Target:

@@ -144,7 +144,7 @@ def matmul_rows(torch, sizes, dtypes, build) -> list[str]:
 
 def census_rows(dtypes, archs=("sm_80", "sm_90")) -> list[str]:
     """Per model, dtype and arch: GEMM kernels on tensor cores, from nvcc's PTX (no GPU)."""
-    from tvmamp.schedules.cuda_ptx import gemm_kernels_without_tensor_cores, kernel_reports
+    from tvmamp.targets.ptx import gemm_kernels_without_tensor_cores, kernel_reports
 
     rows = []
     for name in ("simplenet", "convnet", "transformer"):

@@ -48,7 +48,7 @@ def _suite(name, **kwargs):
 
 
 def _shape(mod):
-    from tvmamp.executable import static_shape
+    from tvmamp.tensors import static_shape
 
     return static_shape(mod["main"].params[0].ty)
 

@@ -35,8 +35,8 @@ from tvm.s_tir import meta_schedule as ms
 import tvmamp
 from tvmamp import models
 from tvmamp.benchmark import max_rel_error, paired_medians
-from tvmamp.build import _pipeline  # the build's phases, to compile with a chosen database
 from tvmamp.executable import Executable
+from tvmamp.pipeline import relax_pipeline
 from tvmamp.tuning import load_tuning_log, tune
 from tvmamp.tuning.intrinsics import register_log_intrinsics
 
@@ -81,7 +81,7 @@ def torch_fns(name: str, params: dict, x: np.ndarray):
 
 def build_with(converted, database) -> Executable:
     """Compile ``converted`` as tvmamp.build does, applying ``database`` in phase 3."""
-    pipeline = _pipeline(converted.target, converted.entry, converted.policy, database)
+    pipeline = relax_pipeline(converted.target, converted.entry, converted.policy, database)
     with database:
         vm_exec = tvm.compile(converted.mod, target=converted.target, relax_pipeline=pipeline)
     c = converted

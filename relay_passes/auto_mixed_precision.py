@@ -22,14 +22,14 @@ How it works, binding by binding (one pass, in program order):
 
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 import tvm
 from tvm import relax
 from tvm.ir.expr import Constant
 from tvm.relax import PyExprMutator
 
-from tvmamp.policy import FLOAT_DTYPES, Policy
+from tvmamp.policy import Policy
+from tvmamp.tensors import FLOAT_DTYPES, np_dtype, tensor_dtype
 
 from .amp_report import AmpReport, ForcedNode, NodeDecision
 
@@ -80,19 +80,6 @@ def _float32_to(ty, dtype: str):
     if isinstance(ty, relax.TupleType):
         return relax.TupleType([_float32_to(f, dtype) for f in ty.fields])
     return ty
-
-
-def np_dtype(dtype: str):
-    """numpy dtype for a TVM float dtype name (bfloat16 via ml_dtypes)."""
-    return ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
-
-
-def tensor_dtype(expr: relax.Expr) -> str | None:
-    """The dtype of a tensor-typed expression, or None."""
-    ty = getattr(expr, "ty", None)
-    if isinstance(ty, relax.TensorType):
-        return str(ty.dtype)
-    return None
 
 
 def _is_public(func: relax.Function) -> bool:

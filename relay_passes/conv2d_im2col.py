@@ -12,7 +12,7 @@ OPAQUE_PATTERN = 8
 # relax's OpPatternKind.kOutEWiseFusable: FuseOps fuses the elementwise ops that follow a
 # conv GEMM into it (its epilogue), as it does for a matmul.
 GEMM_PATTERN = 4
-# PrimFunc attribute naming the gather's channel count; tvmamp.schedules.cpu_bf16_conv reads it.
+# PrimFunc attribute naming the gather's channel count; tvmamp.schedules.cpu.bf16_conv reads it.
 IM2COL_ATTR = "tvmamp.im2col_channels"
 # Block annotation (the channel count) of the gather inside a conv GEMM kernel: the bf16 GEMM
 # rule inlines that block into the packing of the GEMM's left operand, not into the GEMM.
@@ -36,7 +36,7 @@ class Geometry:
     out_w: int
 
     @classmethod
-    def of(cls, attrs, data_shape: list[int], weight_shape: list[int]) -> Geometry:
+    def of(cls, attrs, data_shape: tuple[int, ...], weight_shape: tuple[int, ...]) -> Geometry:
         """Read the ``attrs`` of a conv2d with NCHW ``data_shape`` and OIHW ``weight_shape``."""
         n, c, h, w = data_shape
         kh, kw = weight_shape[2:]

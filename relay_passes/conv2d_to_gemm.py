@@ -1,6 +1,6 @@
 """Rewrite bf16 NCHW conv2d into im2col + matmul on NHWC rows, so that GEMM kernels run convs.
 
-The CPU bf16 kernels (``vdpbf16ps`` and AMX, :mod:`tvmamp.schedules.cpu_bf16_matmul`) are GEMM
+The CPU bf16 kernels (``vdpbf16ps`` and AMX, :mod:`tvmamp.schedules.cpu.bf16_matmul`) are GEMM
 kernels. A convolution ``O[n, f, y, x] = sum W[f, c, ky, kx] * D[n, c, y*s + ky*d, x*s + kx*d]``
 becomes ``col[n*OH*OW, (ky*KW + kx)*C + c] @ W2[(ky*KW + kx)*C + c, f]``: ``W2`` is the weight
 transposed to ``[ky, kx, c, f]`` and flattened (``FoldConstant`` evaluates it at compile time,
@@ -21,8 +21,10 @@ are unchanged. Inputs are transposed to rows once, before their first conv.
 from __future__ import annotations
 
 import tvm
-from tvm import relax, tirx
+from tvm import relax
 from tvm.relax import PyExprMutator
+
+from tvmamp.tensors import static_shape
 
 from .conv2d_im2col import Geometry, emit_conv_gemm, emit_im2col
 from .conv2d_rows import Rows, rows_call
@@ -64,14 +66,6 @@ class Conv2dToGemm:
         return rewriter.builder_.get()
 
 
-def static_shape(expr: relax.Expr) -> list[int] | None:
-    """Return the shape of a tensor-typed ``expr`` when every dimension is a constant."""
-    shape = expr.ty.shape if isinstance(expr.ty, relax.TensorType) else None
-    if shape is None or not all(isinstance(s, tirx.IntImm) for s in shape):
-        return None
-    return [int(s) for s in shape]
-
-
 def _rewritable(call: relax.Call, dtype: str) -> bool:
     """Return whether ``call`` is a conv2d this pass handles."""
     attrs = call.attrs
@@ -80,7 +74,7 @@ def _rewritable(call: relax.Call, dtype: str) -> bool:
         return False
     data, weight = call.args
     dtypes = {str(data.ty.dtype), str(weight.ty.dtype)}
-    return dtypes == {dtype} and None not in (static_shape(data), static_shape(weight))
+    return dtypes == {dtype} and None not in (static_shape(data.ty), static_shape(weight.ty))
 
 
 @relax.expr_functor.mutator
@@ -133,12 +127,12 @@ class _Rewriter(PyExprMutator):
 
     def _conv(self, call: relax.Call) -> Rows:
         data, weight = call.args
-        g = Geometry.of(call.attrs, static_shape(data), static_shape(weight))
+        g = Geometry.of(call.attrs, static_shape(data.ty), static_shape(weight.ty))
         bb = self.builder_
         rows = self._input_rows(data, g)
         fused = not g.pointwise and g.c % self.gather_channels == 0
         col = rows if fused else emit_im2col(bb, rows, g)  # pointwise: the rows are col
-        f = static_shape(weight)[0]
+        f = static_shape(weight.ty)[0]
         hwio = relax.op.permute_dims(self.visit_expr(weight), (2, 3, 1, 0))
         w2 = bb.emit(relax.op.reshape(hwio, (g.kh * g.kw * g.c, f)))
         out_dtype = str(call.attrs.out_dtype) or self.dtype

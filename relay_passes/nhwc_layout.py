@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import tvm
 from tvm import relax
 
-from .auto_mixed_precision import tensor_dtype
+from tvmamp.tensors import tensor_dtype
 
 DATA_LAYOUT = "NHWC"
 KERNEL_LAYOUT = "OHWI"

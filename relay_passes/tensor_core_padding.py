@@ -15,7 +15,7 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from .auto_mixed_precision import tensor_dtype
+from tvmamp.tensors import static_shape, tensor_dtype
 
 _MATMUL = tvm.ir.Op.get("relax.matmul")
 _CONV2D = tvm.ir.Op.get("relax.nn.conv2d")
@@ -24,17 +24,6 @@ _CONV2D = tvm.ir.Op.get("relax.nn.conv2d")
 def round_up(value: int, multiple: int) -> int:
     """The smallest multiple of ``multiple`` that is >= ``value``."""
     return -(-value // multiple) * multiple
-
-
-def static_dims(expr: relax.Expr) -> list[int] | None:
-    """The shape of a tensor expression when every dimension is a constant, else None."""
-    ty = expr.ty
-    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
-        return None
-    dims = ty.shape.values
-    if not all(isinstance(d, tvm.tirx.IntImm) for d in dims):
-        return None
-    return [int(d) for d in dims]
 
 
 @mutator
@@ -56,7 +45,7 @@ class _Padder(PyExprMutator):
     def _low(self, call: relax.Call) -> bool:
         return all(tensor_dtype(arg) in self.dtypes for arg in call.args[:2])
 
-    def _pad(self, expr: relax.Expr, dims: list[int], axes: dict[int, int]) -> relax.Expr:
+    def _pad(self, expr: relax.Expr, dims: tuple[int, ...], axes: dict[int, int]) -> relax.Expr:
         """Zero-pad ``expr`` (shape ``dims``) at the end of each axis in ``axes`` to its size."""
         width = []
         for axis, dim in enumerate(dims):
@@ -76,7 +65,7 @@ class _Padder(PyExprMutator):
 
     def _matmul(self, call: relax.Call) -> relax.Expr:
         a, b = call.args
-        a_dims, b_dims = static_dims(a), static_dims(b)
+        a_dims, b_dims = static_shape(a.ty), static_shape(b.ty)
         if a_dims is None or b_dims is None or len(a_dims) < 2 or len(b_dims) < 2:
             return call
         (m, k), n = a_dims[-2:], b_dims[-1]
@@ -86,12 +75,12 @@ class _Padder(PyExprMutator):
         a = self._pad(a, a_dims, {len(a_dims) - 2: mp, len(a_dims) - 1: kp})
         b = self._pad(b, b_dims, {len(b_dims) - 2: kp, len(b_dims) - 1: np_})
         out = relax.op.matmul(a, b, out_dtype=call.attrs.out_dtype)
-        rank = len(static_dims(call))
+        rank = len(static_shape(call.ty))
         return self._slice(out, {rank - 2: (m, mp), rank - 1: (n, np_)})
 
     def _conv2d(self, call: relax.Call) -> relax.Expr:
         data, weight = call.args
-        d_dims, w_dims = static_dims(data), static_dims(weight)
+        d_dims, w_dims = static_shape(data.ty), static_shape(weight.ty)
         if d_dims is None or w_dims is None:
             return call
         attrs = call.attrs

@@ -1,155 +1,33 @@
 """Target entries for tvmamp: one per target kind, registered in one dict.
 
-A :class:`TargetEntry` says what tvmamp needs to know about a kind of hardware: how to turn
-the user's target spec into a TVM 0.27 target, the default and supported low dtypes, the ops
-that cannot run low there, hardware checks, and the scheduling passes. Adding a target means
-adding a module here that calls :func:`register_target`; the core never branches on kind names.
+The registry and the target spec parsing live in :mod:`tvmamp.targets.registry`; each target
+module (``llvm``, ``cuda``, ``npu``) registers its :class:`TargetEntry` when imported, which
+this package does. Adding a target touches only ``targets/`` and ``schedules/``.
 """
 
-from __future__ import annotations
+from . import cuda as _cuda  # noqa: F401  (registers "cuda")
+from . import llvm as _llvm  # noqa: F401  (registers "llvm")
+from . import npu as _npu  # noqa: F401  (registers "npu")
+from .npu import register_npu
+from .registry import (
+    DEFAULT_SPACE,
+    REGISTRY,
+    TARGET_ALIASES,
+    DesignSpace,
+    SourceFormat,
+    TargetEntry,
+    register_target,
+    resolve_target,
+)
 
-import dataclasses
-import difflib
-import json
-import shlex
-from collections.abc import Callable
-
-import tvm
-
-
-@dataclasses.dataclass(frozen=True)
-class TargetEntry:
-    """What tvmamp knows about one target kind.
-
-    Parameters
-    ----------
-    name : str
-        The name users write first in a target string ("llvm", "cuda", ...).
-    make_target : callable
-        ``(options: dict) -> tvm.target.Target`` from the parsed ``-key=value`` options.
-    default_dtype : callable
-        ``(target) -> str``: the low dtype used when the user gives none.
-    check : callable
-        ``(target, dtype) -> None``: warns or raises for unsupported hardware/dtype pairs.
-    schedule_passes : callable
-        ``(target) -> list[tvm.transform.Pass]``: run after legalize and fuse.
-    unsupported_low_ops : callable
-        ``(target, dtype) -> tuple[str, ...]``: ops that must stay fp32 on this target.
-    partition_passes : callable
-        ``(target, policy) -> list[tvm.transform.Pass]``: run after the AMP pass and before
-        legalization (BYOC partitioning, layout rewrites).
-    pass_config : callable
-        ``(target) -> dict``: PassContext options the build needs (e.g. cp.async on sm_80+).
-    finalize_passes : callable
-        ``(target) -> list[tvm.transform.Pass]``: run last, on the VM-ready module (the CPU
-        feature guard of :mod:`tvmamp.targets.cpu_guard`).
-    """
-
-    name: str
-    make_target: Callable
-    default_dtype: Callable
-    check: Callable
-    schedule_passes: Callable
-    unsupported_low_ops: Callable = lambda target, dtype: ()
-    partition_passes: Callable = lambda target, policy: []
-    pass_config: Callable = lambda target: {}
-    finalize_passes: Callable = lambda target: []
-
-
-REGISTRY: dict[str, TargetEntry] = {}
-
-
-def register_target(entry: TargetEntry, *, override: bool = False) -> TargetEntry:
-    """Add a target entry; refuses to replace an existing one unless ``override``."""
-    if entry.name in REGISTRY and not override:
-        raise ValueError(f"tvmamp.targets: target {entry.name!r} is already registered")
-    REGISTRY[entry.name] = entry
-    return entry
-
-
-def _split_spec(spec: str) -> tuple[str, dict]:
-    """'llvm -mcpu=znver4 -num-cores=2' -> ('llvm', {'mcpu': 'znver4', 'num-cores': '2'})."""
-    words = shlex.split(spec)
-    if not words:
-        raise ValueError("tvmamp: the target string is empty")
-    options = {}
-    for word in words[1:]:
-        if not word.startswith("-"):
-            raise ValueError(
-                f"tvmamp: target option {word!r} in {spec!r} must look like -key=value"
-            )
-        key, _, value = word.lstrip("-").partition("=")
-        options[key] = value if value else "true"
-    return words[0], options
-
-
-def _unknown_target(name: str) -> ValueError:
-    choices = sorted(REGISTRY)
-    close = difflib.get_close_matches(name, choices, n=3)
-    hint = f" (did you mean {', '.join(close)}?)" if close else ""
-    return ValueError(
-        f"tvmamp: unknown target {name!r}{hint}; valid targets: {', '.join(choices)}, "
-        "a TVM target JSON dict, or a tvm.target.Target"
-    )
-
-
-def _entry_for_kind(kind: str) -> TargetEntry:
-    if kind not in REGISTRY:
-        raise _unknown_target(kind)
-    return REGISTRY[kind]
-
-
-def resolve_target(target) -> tuple[tvm.target.Target, TargetEntry]:
-    """Turn a user's target into a TVM target and its tvmamp entry.
-
-    Accepts the familiar strings ("llvm", "llvm -mcpu=znver4", "cuda -arch=sm_80"), a named
-    GPU ("nvidia/a100"), a JSON dict or its JSON text, or a ``tvm.target.Target``.
-    """
-    if isinstance(target, tvm.target.Target):
-        return target, _entry_for_kind(target.kind.name)
-    if isinstance(target, dict):
-        return _from_dict(target)
-    if not isinstance(target, str):
-        raise TypeError(
-            f"tvmamp: target must be a string, a dict or a tvm.target.Target, got {target!r}"
-        )
-    text = target.strip()
-    if text.startswith("{"):
-        try:
-            return _from_dict(json.loads(text))
-        except json.JSONDecodeError as err:
-            raise ValueError(f"tvmamp: target {target!r} is not valid JSON: {err}") from None
-    name, options = _split_spec(text)
-    if "/" in name:  # a named device such as nvidia/a100: the entry that owns the prefix
-        options["tag"] = name
-        name = name.split("/", 1)[0]
-    entry = REGISTRY.get(name) or _entry_by_alias(name)
-    return entry.make_target(options), entry
-
-
-def _from_dict(spec: dict) -> tuple[tvm.target.Target, TargetEntry]:
-    kind = spec.get("kind")
-    if kind is None:
-        raise ValueError(f"tvmamp: target dict {spec!r} has no 'kind'")
-    entry = _entry_for_kind(kind)
-    try:
-        return tvm.target.Target(spec), entry
-    except Exception as err:  # TVM reports bad keys with its own error types
-        raise ValueError(f"tvmamp: TVM rejected target {spec!r}: {err}") from None
-
-
-ALIASES = {"cpu": "llvm", "x86": "llvm", "gpu": "cuda", "nvidia": "cuda"}
-
-
-def _entry_by_alias(name: str) -> TargetEntry:
-    if name in ALIASES and ALIASES[name] in REGISTRY:
-        return REGISTRY[ALIASES[name]]
-    raise _unknown_target(name)
-
-
-from . import cuda as _cuda  # noqa: E402,F401  (registers "cuda")
-from . import llvm as _llvm  # noqa: E402,F401  (registers "llvm")
-from . import npu as _npu  # noqa: E402,F401  (registers "npu")
-from .npu import register_npu  # noqa: E402
-
-__all__ = ["REGISTRY", "TargetEntry", "register_npu", "register_target", "resolve_target"]
+__all__ = [
+    "DEFAULT_SPACE",
+    "REGISTRY",
+    "TARGET_ALIASES",
+    "DesignSpace",
+    "SourceFormat",
+    "TargetEntry",
+    "register_npu",
+    "register_target",
+    "resolve_target",
+]

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import re
 import warnings
 
 import tvm
 
-from . import TargetEntry, register_target
+from tvmamp.schedules.cuda import compute_capability, default_cuda_rules
+
+from .registry import LLVM_SOURCES, SourceFormat, TargetEntry, register_target
 
 # Short names users write -> TVM target tags.
 GPU_TAGS = {
@@ -21,15 +24,6 @@ GPU_TAGS = {
 AMP_CC_WARNING = (
     "AMP only support NVIDIA GPU with Compute Capability 7.0 or higher, current GPU is: {arch}"
 )
-
-
-def compute_capability(target: tvm.target.Target) -> int:
-    """70 for sm_70, 80 for sm_80, ..."""
-    arch = str(target.attrs.get("arch", "sm_50"))
-    match = re.fullmatch(r"sm_(\d+)[a-z]?", arch)
-    if match is None:
-        raise ValueError(f"tvmamp: CUDA arch {arch!r} is not of the form sm_XY")
-    return int(match.group(1))
 
 
 def _local_arch() -> str | None:
@@ -81,8 +75,6 @@ def schedule_passes(target: tvm.target.Target) -> list:
     """tvmamp's tensor-core rule first, then TVM's dlight GPU rules for everything else."""
     from tvm.s_tir import dlight as dl
 
-    from tvmamp.schedules.cuda import default_cuda_rules
-
     return [dl.ApplyDefaultSchedule(*default_cuda_rules(target))]
 
 
@@ -110,6 +102,46 @@ def pass_config(target: tvm.target.Target) -> dict:
     return {"tirx.use_async_copy": compute_capability(target) >= 80}
 
 
+# GPU limits meta_schedule's CUDA rules need and plain "cuda -arch=sm_XY" targets lack: the
+# values every NVIDIA GPU since sm_30 supports (48 KB is the most without opt-in shared memory).
+GPU_LIMITS = {"max_threads_per_block": 1024, "max_shared_memory_per_block": 49152}
+
+
+def tuning_target(target: tvm.target.Target) -> tuple[tvm.target.Target, list[str]]:
+    """The target meta_schedule tunes for: ``target`` plus GPU limits it may lack, and a note."""
+    spec = json.loads(str(target))
+    missing = {k: v for k, v in GPU_LIMITS.items() if k not in spec}
+    if not missing:
+        return target, []
+    spec.update(missing)
+    assumed = ", ".join(f"{k}={v}" for k, v in missing.items())
+    note = f"tuned assuming {assumed}; name the GPU (e.g. nvidia/a100) for its exact limits"
+    return tvm.target.Target(spec), [note]
+
+
+def intrinsic_families(target: tvm.target.Target) -> tuple[str, ...]:
+    """TVM's CUDA tensor intrinsics; none below sm_75, where meta_schedule's rules use none."""
+    return () if compute_capability(target) < 75 else ("cuda",)
+
+
+def cuda_to_ptx(target: tvm.target.Target, source: str) -> str:
+    """PTX of the CUDA source, compiled by nvcc for the target's arch (no GPU needed)."""
+    from tvm.support import nvcc
+
+    arch = str(target.attrs.get("arch", "sm_80"))
+    with target:  # nvcc reads the compute version from the current target
+        ptx = nvcc.compile_cuda(source, "ptx", arch, compiler="nvcc")
+    return ptx if isinstance(ptx, str) else bytes(ptx).decode()
+
+
+# Host code (LLVM), the kernels' CUDA source and their PTX.
+SOURCES = {
+    **LLVM_SOURCES,
+    "cuda": SourceFormat("cuda", "cuda"),
+    "ptx": SourceFormat("cuda", "cuda", convert=cuda_to_ptx),
+}
+
+
 ENTRY = register_target(
     TargetEntry(
         name="cuda",
@@ -119,5 +151,8 @@ ENTRY = register_target(
         schedule_passes=schedule_passes,
         partition_passes=partition_passes,
         pass_config=pass_config,
+        source_formats=SOURCES,
+        tuning_target=tuning_target,
+        intrinsic_families=intrinsic_families,
     )
 )

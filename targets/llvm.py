@@ -9,9 +9,9 @@ import warnings
 import tvm
 from tvm.target import codegen
 
-from . import TargetEntry, register_target
 from .cpu_features import CPU_LEVELS, cpu_level_features, cpuinfo_flags, host_cpu_features
 from .cpu_guard import guard_passes
+from .registry import DEFAULT_SPACE, DesignSpace, TargetEntry, register_target
 
 BF16_WARNING = (
     "tvmamp: target {cpu!r} has no avx512_bf16; bf16 will be widened to fp32 in software and "
@@ -107,6 +107,48 @@ def partition_passes(target: tvm.target.Target, _policy) -> list:
     return [LowPrecisionFastMath(), *([Conv2dToGemm("bfloat16")] if has_bf16(target) else [])]
 
 
+def intrinsic_families(target: tvm.target.Target) -> tuple[str, ...]:
+    """The ``tvm.s_tir.tensor_intrin`` family of the target's CPU, from its triple."""
+    triple = str(target.attrs.get("mtriple", ""))
+    if triple.startswith(("aarch64", "arm")):
+        return ("arm_cpu",)
+    return ("riscv_cpu",) if triple.startswith("riscv") else ("x86",)
+
+
+BF16_SPACE = "bf16-gemm"
+
+
+def design_space(mod: tvm.IRModule, target: tvm.target.Target) -> DesignSpace:
+    """tvmamp's vdpbf16ps/AMX space for the kernels its default bf16 rule schedules.
+
+    That is a static bf16 x bf16 -> fp32 matmul, dense or batch-matmul on a CPU with
+    avx512_bf16; its distinct configurations are few, so each is measured once. Other kernels
+    get meta_schedule's own space.
+    """
+    from tvmamp.schedules.cpu import has_avx512bf16
+    from tvmamp.schedules.cpu.bf16_tuning import bf16_matmul_spaces, distinct_choices, is_bf16_gemm
+
+    func = mod["main"]
+    if not has_avx512bf16(target) or not is_bf16_gemm(func, target):
+        return DEFAULT_SPACE
+    return DesignSpace(BF16_SPACE, len(distinct_choices(func, target)), bf16_matmul_spaces)
+
+
+def register_log_intrinsics(records_text: str) -> None:
+    """Register the vdpbf16ps and AMX intrinsics that a tuning log's traces name.
+
+    tvmamp's bf16 kernels register their intrinsics lazily, so a fresh process must register
+    them before TVM replays the log's traces.
+    """
+    if "tvmamp_" not in records_text:
+        return
+    from tvmamp.schedules.x86 import amx_intrin, bf16_intrin
+
+    bf16_intrin.register()
+    for k, scope in sorted(set(amx_intrin.NAME_PATTERN.findall(records_text))):
+        amx_intrin.amx_intrin(int(k), scope)
+
+
 ENTRY = register_target(
     TargetEntry(
         name="llvm",
@@ -116,5 +158,8 @@ ENTRY = register_target(
         schedule_passes=schedule_passes,
         partition_passes=partition_passes,
         finalize_passes=guard_passes,
+        intrinsic_families=intrinsic_families,
+        design_space=design_space,
+        register_log_intrinsics=register_log_intrinsics,
     )
 )

@@ -11,7 +11,7 @@ from tvm import relax
 
 import tvmamp
 from tvmamp import models
-from tvmamp.relay_passes.auto_mixed_precision import np_dtype
+from tvmamp.tensors import np_dtype
 
 TARGET = "llvm -num-cores=1"
 

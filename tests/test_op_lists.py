@@ -7,8 +7,8 @@ from tvmamp import op_lists
 from tvmamp.policy import DEFAULT_CATEGORIES, Category
 
 LISTS = {
-    "ALWAYS_LOW": op_lists.ALWAYS_LOW,
-    "NEVER_LOW": op_lists.NEVER_LOW,
+    "WHITE": op_lists.WHITE,
+    "BLACK": op_lists.BLACK,
     "PROMOTE": op_lists.PROMOTE,
     "FOLLOW": op_lists.FOLLOW,
     "FIXED": op_lists.FIXED,
@@ -40,7 +40,7 @@ def test_tvm_always_ops_are_white():
 
 
 def test_tvm_follow_ops_only_leave_follow_for_a_listed_reason():
-    corrected = set(op_lists.NEVER_LOW) | set(op_lists.PROMOTE) | set(op_lists.FIXED)
+    corrected = set(op_lists.BLACK) | set(op_lists.PROMOTE) | set(op_lists.FIXED)
     for name in _registry():
         if tvm.ir.Op.get(name).get_attr("TMixedPrecisionPolicy") == 1:
             assert name in op_lists.FOLLOW or name in corrected, name
@@ -74,6 +74,6 @@ def test_anchor_white_list_ops_run_low(name):
 
 def test_aliases_point_at_registered_ops():
     registry = _registry()
-    for alias, targets in op_lists.ALIASES.items():
+    for alias, targets in op_lists.OP_ALIASES.items():
         assert alias == alias.lower(), alias
         assert set(targets) <= registry, alias

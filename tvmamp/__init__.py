@@ -1,7 +1,8 @@
 """tvmamp: automatic mixed precision (fp16/bf16) compiler stack on Apache TVM Relax."""
 
 from tvmamp import debugging, training
-from tvmamp.build import Converted, build, convert
+from tvmamp.conversion import Converted, convert
+from tvmamp.driver import build
 from tvmamp.executable import Executable
 from tvmamp.frontends import from_onnx, from_torch
 from tvmamp.lists import get_black_list, get_white_list

@@ -9,9 +9,10 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
-from tvmamp.relay_passes.auto_mixed_precision import np_dtype, tensor_dtype
+from tvmamp.targets import REGISTRY, resolve_target
 from tvmamp.targets.cpu_features import check_cpu_features
 from tvmamp.targets.cpu_guard import export_options
+from tvmamp.tensors import check_array
 
 # Bytes: TVM allocates tensors at this alignment, and its CPU kernels load them with aligned
 # vector moves (``vmovaps``), so a less aligned input can crash the process.
@@ -99,14 +100,6 @@ class AlignedFunction:
         return self.function(*(aligned_input(a, self.device) for a in args))
 
 
-def _device_for(target: tvm.target.Target) -> tvm.runtime.Device:
-    return tvm.device(target.get_target_device_type(), 0)
-
-
-# Source format of get_source -> the kind of runtime module that holds it.
-SOURCE_MODULES = {"asm": "llvm", "ll": "llvm", "cuda": "cuda", "ptx": "cuda"}
-
-
 class Executable:
     """A built model: call it with numpy arrays (or TVM tensors) to run ``main``.
 
@@ -117,6 +110,10 @@ class Executable:
     stats : tvmamp.relay_passes.AmpReport
         What the AMP pass did (casts, ops per dtype, forced nodes).
     target : tvm.target.Target
+    entry : tvmamp.targets.TargetEntry
+        What tvmamp knows about the target: its device, the source formats it can show. The
+        entry the model was converted for (``Converted.entry``); by default the one registered
+        for the target's kind.
     policy : tvmamp.Policy
     partition : object or None
         For BYOC targets (the NPU), the partition report: which ops run on the accelerator and
@@ -125,7 +122,7 @@ class Executable:
         The precision plan applied (``build(plan=...)`` or ``level="auto-search"``).
     """
 
-    def __init__(self, vm_exec, target, mod, stats, policy, notes=()):
+    def __init__(self, vm_exec, target, mod, stats, policy, notes=(), entry=None):
         self.vm_exec = vm_exec
         self.target = target
         self.mod = mod
@@ -134,7 +131,8 @@ class Executable:
         self.notes = list(notes)
         self.partition = None
         self.plan = None
-        self.device = _device_for(target)
+        self.entry = entry if entry is not None else resolve_target(target)[1]
+        self.device = self.entry.device(target)
         self._vm = None
         self._params = [(p.name, p.ty) for p in mod["main"].params] if "main" in mod else []
 
@@ -170,18 +168,7 @@ class Executable:
     def _convert(self, value, name, ty):
         if isinstance(value, tvm.runtime.Tensor):
             return value
-        array = np.asarray(value)
-        want = tensor_dtype_of(ty)
-        if want is not None and array.dtype != np_dtype(want):
-            raise TypeError(
-                f"tvmamp: input {name!r} has dtype {array.dtype}, but the model expects {want}"
-            )
-        shape = static_shape(ty)
-        if shape is not None and tuple(array.shape) != shape:
-            raise ValueError(
-                f"tvmamp: input {name!r} has shape {array.shape}, but the model expects {shape}"
-            )
-        return tvm.runtime.tensor(array, self.device)
+        return tvm.runtime.tensor(check_array(value, name, ty, "tvmamp"), self.device)
 
     def export_library(self, path: str) -> str:
         """Write a shared library loadable with ``tvm.runtime.load_module``.
@@ -195,43 +182,40 @@ class Executable:
         return path
 
     def get_source(self, fmt: str = "asm") -> str:
-        """Generated code: "asm" or "ll" for LLVM kernels, "cuda" or "ptx" for CUDA ones."""
-        if fmt not in SOURCE_MODULES:
-            choices = ", ".join(SOURCE_MODULES)
-            raise ValueError(f"tvmamp: source format {fmt!r} is not one of {choices}")
-        if fmt == "ptx":
-            from tvm.support import nvcc
+        """Generated code in a format of the target entry's ``source_formats``.
 
-            arch = str(self.target.attrs.get("arch", "sm_80"))
-            with self.target:  # nvcc reads the compute version from the current target
-                ptx = nvcc.compile_cuda(self.get_source("cuda"), "ptx", arch, compiler="nvcc")
-            return ptx if isinstance(ptx, str) else bytes(ptx).decode()
-        kind = SOURCE_MODULES[fmt]
-        sources = [m.inspect_source(fmt) for m in _walk(self.vm_exec.mod) if m.kind == kind]
-        if not sources:
-            raise ValueError(f"tvmamp: this executable has no {kind} module to show as {fmt}")
-        return "\n".join(sources)
+        "asm" or "ll" for LLVM (host and CPU) code on every target; "cuda" or "ptx" for the
+        kernels of CUDA targets (PTX compiled by nvcc from the CUDA source, no GPU needed).
+        """
+        source = self.entry.source_formats.get(fmt)
+        if source is None:
+            raise _unavailable(fmt)
+        texts = [
+            m.inspect_source(source.module_format)
+            for m in _walk(self.vm_exec.mod)
+            if m.kind == source.module_kind
+        ]
+        if not texts:
+            raise ValueError(
+                f"tvmamp: this executable has no {source.module_kind} module to show as {fmt}"
+            )
+        text = "\n".join(texts)
+        return source.convert(self.target, text) if source.convert is not None else text
+
+
+def _unavailable(fmt: str) -> ValueError:
+    """The error for a format this executable's target cannot show."""
+    known = {name: f for e in REGISTRY.values() for name, f in e.source_formats.items()}
+    if fmt not in known:
+        return ValueError(f"tvmamp: source format {fmt!r} is not one of {', '.join(known)}")
+    kind = known[fmt].module_kind
+    return ValueError(f"tvmamp: this executable has no {kind} module to show as {fmt}")
 
 
 def _walk(module):
     yield module
     for sub in module.imports:
         yield from _walk(sub)
-
-
-def tensor_dtype_of(ty) -> str | None:
-    """dtype of a TensorType, or None."""
-    return str(ty.dtype) if isinstance(ty, relax.TensorType) else None
-
-
-def static_shape(ty) -> tuple | None:
-    """The shape of a TensorType when every dimension is a constant, else None."""
-    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
-        return None
-    dims = ty.shape.values
-    if not all(isinstance(d, tvm.tirx.IntImm) for d in dims):
-        return None
-    return tuple(int(d) for d in dims)
 
 
 def to_numpy(value):
@@ -243,4 +227,4 @@ def to_numpy(value):
     return value
 
 
-__all__ = ["AlignedVirtualMachine", "Executable", "aligned_input", "tensor_dtype", "to_numpy"]
+__all__ = ["AlignedVirtualMachine", "Executable", "aligned_input", "to_numpy"]

@@ -2,23 +2,16 @@
 
 from __future__ import annotations
 
-from tvmamp.policy import Policy, check_dtype, check_level
-from tvmamp.targets import resolve_target
-
-
-def _policy(level: str, dtype: str | None, target, **custom) -> Policy:
-    check_level(level, "tvmamp")
-    tvm_target, entry = resolve_target(target)
-    dtype = check_dtype(dtype or entry.default_dtype(tvm_target))
-    unsupported = entry.unsupported_low_ops(tvm_target, dtype)
-    return Policy.for_level(level, dtype, unsupported_low_ops=unsupported, **custom)
+from tvmamp.conversion import target_policy
 
 
 def get_white_list(level: str = "O1", dtype: str | None = None, target="llvm", **custom):
     """Relax ops that run in the low dtype whatever their inputs at this level."""
-    return _policy(level, dtype, target, **custom).white_list()
+    policy, _, _ = target_policy(level, dtype, target, "tvmamp", check_hardware=False, **custom)
+    return policy.white_list()
 
 
 def get_black_list(level: str = "O1", dtype: str | None = None, target="llvm", **custom):
     """Relax ops that run in fp32 whatever their inputs at this level."""
-    return _policy(level, dtype, target, **custom).black_list()
+    policy, _, _ = target_policy(level, dtype, target, "tvmamp", check_hardware=False, **custom)
+    return policy.black_list()

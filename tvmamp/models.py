@@ -174,7 +174,7 @@ def get_model(name: str, **kwargs):
 
 def example_inputs(mod: tvm.IRModule, seed: int = 1) -> list[np.ndarray]:
     """Random non-zero float32 inputs matching the data inputs of ``main``."""
-    from .executable import static_shape
+    from .tensors import static_shape
 
     func = mod["main"]
     n = (

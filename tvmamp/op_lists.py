@@ -4,21 +4,23 @@ The lists start from TVM's ``TMixedPrecisionPolicy`` op attribute (0 = always, 1
 missing = never) and are corrected with the lists users know from Paddle (``amp_lists.py``),
 MindSpore (``amp.py``) and PyTorch autocast (``autocast_mode.h``):
 
-- ``ALWAYS_LOW`` (white): GEMM-like ops, which gain most from low precision and accumulate in
-  fp32 (``out_dtype``).
-- ``NEVER_LOW`` (black): ops whose range or accumulation needs fp32 below O3: exp/log/pow
+- ``WHITE`` (TVM's "always"): GEMM-like ops, which gain most from low precision and accumulate
+  in fp32 (``out_dtype``).
+- ``BLACK`` (TVM's "never"): ops whose range or accumulation needs fp32 below O3: exp/log/pow
   families, reductions, softmax, norms, losses, scatters and interpolation.
 - ``PROMOTE``: ops that run in the widest float dtype of their inputs.
-- ``FOLLOW`` (gray): elementwise, shape and data-movement ops; their dtype depends on the level
-  and on their inputs.
+- ``FOLLOW`` (gray, TVM's "follow"): elementwise, shape and data-movement ops; their dtype
+  depends on the level and on their inputs.
 - ``FIXED``: ops that do not compute on floats, or whose dtypes are fixed by the program
   (builtins, packed/TIR calls, creation ops with a dtype attribute, quantisation). The pass never
   changes them and gives them their inputs in the original dtypes.
 
+Each tuple holds the default members of the :class:`tvmamp.Category` of the same name (white and
+black are the words Paddle, MindSpore and ``tvmamp.get_white_list`` use).
 ``tests/test_op_lists.py`` proves that every registered ``relax.*`` op sits in exactly one list.
 
 User op names (``custom_white_list``, ``custom_black_list``) are matched case-insensitively
-against Relax names (``"Exp"`` is ``relax.exp``), then ``ALIASES``, then ``NO_RELAX_OP``, so the
+against Relax names (``"Exp"`` is ``relax.exp``), then ``OP_ALIASES``, then ``NO_RELAX_OP``, so the
 lists of Paddle, MindSpore and PyTorch can be pasted as they are
 (``tests/test_framework_op_names.py``). A framework name maps to the Relax op it is imported as,
 or to the one Relax op that holds its computation (``expm1`` -> ``exp``, ``log1p`` -> ``log``,
@@ -26,7 +28,7 @@ or to the one Relax op that holds its computation (``expm1`` -> ``exp``, ``log1p
 at all, is in ``NO_RELAX_OP``: listing it warns once and changes nothing.
 """
 
-ALWAYS_LOW = (
+WHITE = (
     "relax.matmul",
     "relax.outer",
     "relax.einsum",
@@ -42,7 +44,7 @@ ALWAYS_LOW = (
     "relax.nn.prelu",
 )
 
-NEVER_LOW = (
+BLACK = (
     # transcendental ops with a narrow fp16 range (Paddle, MindSpore, PyTorch black lists)
     "relax.exp",
     "relax.log",
@@ -290,7 +292,7 @@ FIXED = (
 )
 
 # Names users know from Paddle, MindSpore and PyTorch, matched case-insensitively.
-ALIASES = {
+OP_ALIASES = {
     # Paddle
     "conv2d": ("relax.nn.conv2d",),
     "depthwise_conv2d": ("relax.nn.conv2d",),

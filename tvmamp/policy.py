@@ -29,10 +29,10 @@ from collections.abc import Iterable, Sequence
 import tvm
 
 from . import op_lists
+from .tensors import FLOAT_DTYPES
 
 LEVELS = ("O0", "O1", "O2", "O3", "OD", "auto")
 LOW_DTYPES = ("float16", "bfloat16")
-FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 
 
 class Category(str, enum.Enum):
@@ -45,12 +45,9 @@ class Category(str, enum.Enum):
     FIXED = "fixed"
 
 
+# Each category's default members are the op_lists tuple of the same name.
 DEFAULT_CATEGORIES: dict[str, Category] = {
-    **{name: Category.WHITE for name in op_lists.ALWAYS_LOW},
-    **{name: Category.BLACK for name in op_lists.NEVER_LOW},
-    **{name: Category.PROMOTE for name in op_lists.PROMOTE},
-    **{name: Category.FOLLOW for name in op_lists.FOLLOW},
-    **{name: Category.FIXED for name in op_lists.FIXED},
+    name: category for category in Category for name in getattr(op_lists, category.name)
 }
 
 
@@ -99,7 +96,7 @@ def _lookup(name: str, index: dict[str, str]) -> tuple[str, ...] | None:
     key = name.lower()
     if key in index:
         return (index[key],)
-    return op_lists.ALIASES.get(key)
+    return op_lists.OP_ALIASES.get(key)
 
 
 def resolve_op_names(names: Iterable[str], component: str = "tvmamp") -> set[str]:
@@ -133,7 +130,7 @@ def resolve_op_names(names: Iterable[str], component: str = "tvmamp") -> set[str
         elif name.lower() in no_relax_op:
             unmapped.setdefault(name.lower(), name)
         else:
-            choices = sorted({*index, *op_lists.ALIASES, *no_relax_op})
+            choices = sorted({*index, *op_lists.OP_ALIASES, *no_relax_op})
             close = difflib.get_close_matches(name.lower(), choices, n=5, cutoff=0.5)
             hint = f"; did you mean {', '.join(close)}?" if close else ""
             raise ValueError(f"{component}: unknown op name {name!r}{hint}")
@@ -294,7 +291,10 @@ class Policy:
         return tuple(sorted(n for n, c in self.categories.items() if c in wanted))
 
     def white_list(self) -> tuple[str, ...]:
-        """Ops that run low whatever their inputs, at this level."""
+        """The white list at this level: ops that run low whatever their inputs.
+
+        The ``Category.WHITE`` ops, except at O0 (none) and O3 (every float op).
+        """
         float_ops = (Category.WHITE, Category.BLACK, Category.FOLLOW, Category.PROMOTE)
         return {
             "O0": (),
@@ -302,7 +302,11 @@ class Policy:
         }.get(self.level, self.ops_in(Category.WHITE))
 
     def black_list(self) -> tuple[str, ...]:
-        """Ops that run in fp32 whatever their inputs, at this level."""
+        """The black list at this level: ops that run in fp32 whatever their inputs.
+
+        The ``Category.BLACK`` ops, except at O0 (every float op), O3 (none) and OD (every
+        float op but the white ones).
+        """
         non_white = (Category.BLACK, Category.FOLLOW, Category.PROMOTE)
         return {
             "O0": self.ops_in(Category.WHITE, *non_white),

@@ -2,27 +2,16 @@
 
 from __future__ import annotations
 
-import tvm
 from tvm import relax
+
+from tvmamp.tensors import static_shape, tensor_dtype
 
 from .descriptor import NpuDescriptor
 
 
 def shape_of(expr) -> tuple[int, ...] | None:
     """The static shape of a tensor-typed expression, or None (dynamic or not a tensor)."""
-    ty = getattr(expr, "ty", None)
-    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
-        return None
-    dims = ty.shape.values
-    if not all(isinstance(d, tvm.tirx.IntImm) for d in dims):
-        return None
-    return tuple(int(d) for d in dims)
-
-
-def dtype_of(expr) -> str | None:
-    """The dtype of a tensor-typed expression, or None."""
-    ty = getattr(expr, "ty", None)
-    return str(ty.dtype) if isinstance(ty, relax.TensorType) else None
+    return static_shape(getattr(expr, "ty", None))
 
 
 def tensor_reason(desc: NpuDescriptor, call: relax.Call, accumulates: bool = False) -> str | None:
@@ -32,7 +21,7 @@ def tensor_reason(desc: NpuDescriptor, call: relax.Call, accumulates: bool = Fal
         *(("input", arg, desc.dtypes) for arg in call.args),
         ("output", call, out_dtypes),
     ]:
-        shape, dtype = shape_of(expr), dtype_of(expr)
+        shape, dtype = shape_of(expr), tensor_dtype(expr)
         if shape is None:
             return f"{role} has no static tensor shape"
         if len(shape) > desc.max_rank:
@@ -116,7 +105,7 @@ def elementwise_reason(desc: NpuDescriptor, call: relax.Call) -> str | None:
 def bias_reason(desc: NpuDescriptor, bias, channels: int, axis: int) -> str | None:
     """A bias must hold one value per output channel, laid out along ``axis`` (from the end)."""
     shape = shape_of(bias)
-    if shape is None or dtype_of(bias) not in desc.dtypes:
+    if shape is None or tensor_dtype(bias) not in desc.dtypes:
         return "bias is not a static tensor of an NPU dtype"
     padded = (1,) * max(0, -axis - len(shape)) + shape
     expected = [1] * len(padded)

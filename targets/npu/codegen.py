@@ -9,7 +9,9 @@ import pathlib
 import tvm
 from tvm import relax
 
-from .checks import dtype_of, shape_of
+from tvmamp.tensors import tensor_dtype
+
+from .checks import shape_of
 from .patterns import SPECS
 
 RUNTIME_DIR = pathlib.Path(__file__).parent / "runtime"
@@ -100,7 +102,10 @@ class _Region:
         self.composites: dict = {}
         self.params = [f"DLTensor* in{i}" for i in range(len(func.params))]
         for i, param in enumerate(func.params):
-            self.names[param] = (f"Data<{C_TYPES[dtype_of(param)]}>(in{i})", dtype_of(param))
+            self.names[param] = (
+                f"Data<{C_TYPES[tensor_dtype(param)]}>(in{i})",
+                tensor_dtype(param),
+            )
         body = func.body
         values = {b.var: b.value for block in body.blocks for b in block.bindings}
         results = body.body.fields if isinstance(body.body, relax.Tuple) else [body.body]
@@ -131,7 +136,7 @@ class _Region:
             )
 
     def _storage(self, var):
-        dtype = dtype_of(var)
+        dtype = tensor_dtype(var)
         ctype = C_TYPES[dtype]
         if var in self.outputs:
             self.names[var] = (f"Data<{ctype}>(out{self.outputs[var]})", dtype)

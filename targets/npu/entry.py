@@ -10,8 +10,8 @@ from tvm import relax
 
 from tvmamp.policy import DEFAULT_CATEGORIES, Category, Policy
 
-from .. import TargetEntry, register_target
 from .. import llvm as host
+from ..registry import TargetEntry, register_target
 from .codegen import make_codegen
 from .descriptor import DATA_MOVEMENT_OPS, NpuDescriptor
 from .fallback import HostFallback
@@ -88,7 +88,7 @@ def _make_target(desc: NpuDescriptor, options: dict) -> tvm.target.Target:
 
 
 def make_entry(name: str, desc: NpuDescriptor) -> NpuTargetEntry:
-    """The TargetEntry of an NPU: host target and schedules, NPU dtypes and partitioning."""
+    """The TargetEntry of an NPU: host target, schedules and tuning; NPU dtypes, partitioning."""
 
     def unsupported_low_ops(target, dtype):
         check_dtype(desc, dtype)  # also at O0, where the entry's check is not called
@@ -101,6 +101,9 @@ def make_entry(name: str, desc: NpuDescriptor) -> NpuTargetEntry:
         check=lambda target, dtype: check_dtype(desc, dtype),
         schedule_passes=host.schedule_passes,
         finalize_passes=host.guard_passes,
+        intrinsic_families=host.intrinsic_families,
+        design_space=host.design_space,
+        register_log_intrinsics=host.register_log_intrinsics,
         unsupported_low_ops=unsupported_low_ops,
         partition_passes=lambda target, policy: partition_passes(desc, policy),
         descriptor=desc,

@@ -13,8 +13,8 @@ from tvm import relax
 from tvm.ir.expr import Constant
 
 from tvmamp.policy import Policy
+from tvmamp.tensors import tensor_dtype
 
-from .checks import dtype_of
 from .descriptor import NpuDescriptor
 
 
@@ -24,7 +24,7 @@ def wants_fallback(desc: NpuDescriptor, policy: Policy, call) -> bool:
         return False
     if not isinstance(call.op, tvm.ir.Op) or call.op.name not in desc.runnable_ops():
         return False
-    return any(dtype_of(a) in desc.dtypes for a in call.args)
+    return any(tensor_dtype(a) in desc.dtypes for a in call.args)
 
 
 @relax.expr_functor.mutator
@@ -51,11 +51,11 @@ class _Widen(relax.PyExprMutator):
             return
         is_output = self.in_dataflow and not isinstance(binding.var, relax.DataflowVar)
         wide = _fp32_call(value, [self._widen(a) for a in value.args])
-        if dtype_of(binding.var) == "float32":
+        if tensor_dtype(binding.var) == "float32":
             new = self._emit(wide, is_output)
         else:
             wide = self.builder_.emit(wide)
-            new = self._emit(relax.op.astype(wide, dtype_of(binding.var)), is_output)
+            new = self._emit(relax.op.astype(wide, tensor_dtype(binding.var)), is_output)
             self.wide[new] = wide
         self.set_var_remap(binding.var, new)
 
@@ -63,7 +63,7 @@ class _Widen(relax.PyExprMutator):
         return self.builder_.emit_output(expr) if is_output else self.builder_.emit(expr)
 
     def _widen(self, arg):
-        if dtype_of(arg) not in self.desc.dtypes:
+        if tensor_dtype(arg) not in self.desc.dtypes:
             return arg
         if arg in self.wide:
             return self.wide[arg]
@@ -78,8 +78,8 @@ def _is_cast(value, src: str, dst: str) -> bool:
         isinstance(value, relax.Call)
         and isinstance(value.op, tvm.ir.Op)
         and value.op.name == "relax.astype"
-        and dtype_of(value.args[0]) == src
-        and dtype_of(value) == dst
+        and tensor_dtype(value.args[0]) == src
+        and tensor_dtype(value) == dst
     )
 
 

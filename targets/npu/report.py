@@ -9,8 +9,9 @@ import tvm
 from tvm import relax
 
 from tvmamp.policy import Category, Policy
+from tvmamp.tensors import tensor_dtype
 
-from .checks import dtype_of, op_reason
+from .checks import op_reason
 from .descriptor import DATA_MOVEMENT_OPS, NpuDescriptor
 from .fallback import wants_fallback
 
@@ -97,12 +98,12 @@ def _place(mod, desc, policy, binding) -> Placement | None:
             func = _inner_composite(func)
             attrs = func.attrs or {}
         if "Composite" in attrs:
-            return Placement(name, str(attrs["Composite"]), desc.name, dtype_of(binding.var))
+            return Placement(name, str(attrs["Composite"]), desc.name, tensor_dtype(binding.var))
         return None
     if not isinstance(value.op, tvm.ir.Op) or value.op.name == "relax.astype":
         return None
     fallback = policy is not None and wants_fallback(desc, policy, value)
-    dtype = "float32" if fallback else (dtype_of(binding.var) or "-")
+    dtype = "float32" if fallback else (tensor_dtype(binding.var) or "-")
     return Placement(name, value.op.name, "host", dtype, host_reason(desc, policy, value))
 
 

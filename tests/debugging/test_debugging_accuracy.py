@@ -7,7 +7,7 @@ import pytest
 from tvm import relax
 
 from tvmamp import debugging
-from tvmamp.build import BUILD_HOOKS
+from tvmamp.pipeline import instrumentation_hooks
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -15,7 +15,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 @pytest.fixture(autouse=True)
 def _no_hooks_left():
     yield
-    assert not BUILD_HOOKS
+    assert not instrumentation_hooks()
 
 
 def one_overflowing_op():

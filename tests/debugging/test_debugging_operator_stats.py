@@ -7,14 +7,14 @@ from tvm.script import relax as R
 
 import tvmamp
 from tvmamp import debugging, models
-from tvmamp.build import BUILD_HOOKS
+from tvmamp.pipeline import instrumentation_hooks
 
 
 @pytest.fixture(autouse=True)
 def _no_hooks_left():
     yield
     debugging.disable_operator_stats_collection(verbose=False)
-    assert not BUILD_HOOKS
+    assert not instrumentation_hooks()
 
 
 @I.ir_module

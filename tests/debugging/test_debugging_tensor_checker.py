@@ -9,15 +9,15 @@ from tvm import relax
 
 import tvmamp
 from tvmamp import debugging, models
-from tvmamp.build import BUILD_HOOKS, compile_converted
 from tvmamp.debugging import DebugMode, TensorCheckerConfig
+from tvmamp.pipeline import compile_converted, instrumentation_hooks
 
 
 @pytest.fixture(autouse=True)
 def _checker_off():
     yield
     debugging.disable_tensor_checker()
-    assert not BUILD_HOOKS
+    assert not instrumentation_hooks()
 
 
 def exp_model():
@@ -123,7 +123,7 @@ def test_checker_off_builds_the_same_module(rng):
     assert after.vm_exec.as_text() == plain.vm_exec.as_text()
     assert llvm_ir(after) == llvm_ir(plain)
     debugging.enable_tensor_checker(TensorCheckerConfig(enable=False))
-    assert not BUILD_HOOKS  # a disabled config registers nothing
+    assert not instrumentation_hooks()  # a disabled config registers nothing
     x = rng.standard_normal((2, 16)).astype("float32")
     np.testing.assert_array_equal(checked(x), plain(x))
 

@@ -7,7 +7,7 @@ SCRIPT = """
 import sys
 sys.modules["torch"] = None  # make "import torch" fail as it does without the extra
 sys.modules["onnx"] = None
-import tvmamp, tvmamp.frontends, tvmamp.suite, tvmamp.loading, tvmamp.cli
+import tvmamp, tvmamp.frontends, tvmamp.suite, tvmamp.frontends.model_spec, tvmamp.cli
 from tvmamp.frontends import MissingExtraError, from_onnx, from_torch
 for call, extra in ((lambda: from_torch(object(), ()), "torch"),
                     (lambda: from_onnx("m.onnx"), "onnx"),

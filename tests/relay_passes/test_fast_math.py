@@ -9,8 +9,8 @@ from tolerances import assert_close
 from tvm import relax
 
 import tvmamp
-from tvmamp.relay_passes.auto_mixed_precision import np_dtype
 from tvmamp.relay_passes.fast_math import LowPrecisionFastMath
+from tvmamp.tensors import np_dtype
 
 SHAPE = (4, 96)
 

@@ -9,11 +9,11 @@ import tvm
 from tvm import relax
 from tvm.script import tirx as T
 
-from tvmamp.build import legalize_and_fuse
+from tvmamp.pipeline import legalize_passes
 from tvmamp.schedules.cpu import CPUConv2d, CPUMatmul, cpu_schedule_passes, default_cpu_rules
 
 TARGET = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
-LEGALIZE = legalize_and_fuse()
+LEGALIZE = legalize_passes()
 
 
 def _schedule(mod: tvm.IRModule) -> tvm.IRModule:

@@ -11,14 +11,14 @@ import tvm
 from tvm import relax
 from tvm.s_tir import dlight as dl
 
-from tvmamp.build import legalize_and_fuse
+from tvmamp.pipeline import legalize_passes
 from tvmamp.schedules.cpu import CPUMatmulBF16
-from tvmamp.schedules.cpu_bf16_amx import make_plan
-from tvmamp.schedules.cpu_bf16_passes import SplitPreproc
+from tvmamp.schedules.cpu.bf16_amx import make_plan
+from tvmamp.schedules.cpu.bf16_passes import SplitPreproc
 from tvmamp.targets.llvm import _host_flags
 
 AMX = tvm.target.Target({"kind": "llvm", "mcpu": "sapphirerapids", "num-cores": 1})
-LEGALIZE = legalize_and_fuse()
+LEGALIZE = legalize_passes()
 
 
 @pytest.mark.parametrize(

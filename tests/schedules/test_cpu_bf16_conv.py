@@ -10,7 +10,7 @@ from tvm import relax
 
 import tvmamp
 import tvmamp.models
-from tvmamp.build import front_phases
+from tvmamp.pipeline import front_phases
 from tvmamp.relay_passes.conv2d_im2col import Geometry, emit_im2col
 from tvmamp.targets.llvm import _host_flags
 

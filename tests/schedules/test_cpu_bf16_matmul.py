@@ -11,10 +11,10 @@ import tvm
 from tvm import relax
 from tvm.s_tir import TensorIntrin
 
-from tvmamp.build import legalize_and_fuse
-from tvmamp.schedules import x86_bf16_intrin
+from tvmamp.pipeline import legalize_passes
 from tvmamp.schedules.cpu import CPUMatmulBF16, cpu_schedule_passes, default_cpu_rules
-from tvmamp.schedules.cpu_bf16_matmul import make_plan
+from tvmamp.schedules.cpu.bf16_matmul import make_plan
+from tvmamp.schedules.x86 import bf16_intrin
 from tvmamp.targets.llvm import _host_flags
 
 # znver4 has avx512_bf16 but no AMX (vdpbf16ps kernels); sapphirerapids adds AMX-BF16.
@@ -25,7 +25,7 @@ KERNELS = [
     pytest.param(VDPBF16PS, "vdpbf16ps", "avx512_bf16", id="vdpbf16ps"),
     pytest.param(AMX, "tdpbf16ps", "amx_bf16", id="amx"),
 ]
-LEGALIZE = legalize_and_fuse()
+LEGALIZE = legalize_passes()
 
 
 def _needs_host(flag: str) -> None:
@@ -135,7 +135,7 @@ def test_without_avx512bf16_the_build_widens_and_still_runs(rng):
 
 
 def test_intrinsic_is_registered_for_meta_schedule():
-    intrin = TensorIntrin.get(x86_bf16_intrin.DPBF16PS_INTRIN)
+    intrin = TensorIntrin.get(bf16_intrin.DPBF16PS_INTRIN)
     assert intrin is not None
     assert "tvmamp_dpbf16ps_16x2" in intrin.impl.script()
 
@@ -151,7 +151,7 @@ def test_tile_plan_exposes_the_config():
 def test_meta_schedule_space_samples_the_tiles():
     from tvm.s_tir import meta_schedule as ms
 
-    from tvmamp.schedules.cpu_bf16_tuning import bf16_matmul_space
+    from tvmamp.schedules.cpu.bf16_tuning import bf16_matmul_space
 
     with VDPBF16PS:
         mod = tvm.transform.Sequential(LEGALIZE)(_gemm(64, 64, 64))

@@ -9,9 +9,9 @@ from tvm import relax
 
 import tvmamp
 from tvmamp import models
-from tvmamp.build import legalize_and_fuse
+from tvmamp.pipeline import legalize_passes
 from tvmamp.schedules.cpu import cpu_schedule_passes, default_cpu_rules
-from tvmamp.schedules.cpu_fp16_matmul import CPUMatmulFP16, make_plan
+from tvmamp.schedules.cpu.fp16_matmul import CPUMatmulFP16, make_plan
 from tvmamp.targets.llvm import _host_flags
 
 # AVX-512 (16 fp32 lanes, no avx512_fp16, so fp16 is only converted) and AVX2 (8 lanes).
@@ -19,7 +19,7 @@ AVX512 = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 1})
 AVX2 = tvm.target.Target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})
 NO_F16C = tvm.target.Target({"kind": "llvm", "mcpu": "x86-64", "num-cores": 1})
 TARGETS = [pytest.param(AVX512, "avx512f", id="avx512"), pytest.param(AVX2, "avx2", id="avx2")]
-LEGALIZE = legalize_and_fuse()
+LEGALIZE = legalize_passes()
 
 
 def _needs_host(flag: str) -> None:

@@ -10,7 +10,7 @@ split fails. fp16 and bf16 share these layouts (both are .b16 in ldmatrix and mm
 import numpy as np
 import pytest
 
-from tvmamp.schedules import cuda_intrin as ci
+from tvmamp.schedules.cuda import mma_intrin as ci
 
 STRIDE = 24  # a shared-memory row padded as storage_align(factor=32, offset=8) pads it
 

@@ -6,8 +6,8 @@ from tvm import te, tirx
 from tvm.s_tir import dlight as dl
 
 from tvmamp.schedules.cuda import default_cuda_rules
-from tvmamp.schedules.cuda_matmul import Config, CUDATensorCoreMatmul, config_for
-from tvmamp.schedules.cuda_ptx import kernel_reports
+from tvmamp.schedules.cuda.matmul import Config, CUDATensorCoreMatmul, config_for
+from tvmamp.targets.ptx import kernel_reports
 
 SM80 = tvm.target.Target({"kind": "cuda", "arch": "sm_80", "host": {"kind": "llvm"}})
 

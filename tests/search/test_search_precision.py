@@ -130,7 +130,7 @@ def test_the_fastest_plan_that_meets_the_budget_wins():
 
 def test_node_calls_match_the_pass_node_ids():
     """speed.node_calls numbers bindings as the AMP pass does, repeated names included."""
-    from tvmamp.build import bind_params
+    from tvmamp.conversion import bind_params
     from tvmamp.search.speed import node_calls, op_latencies
 
     mod, params = models.transformer_layer(batch=2, seq=8, dim=32, heads=4)

@@ -12,7 +12,7 @@ import pytest
 
 import tvmamp
 from tvmamp import models
-from tvmamp.schedules.cuda_ptx import gemm_kernels_without_tensor_cores, kernel_reports
+from tvmamp.targets.ptx import gemm_kernels_without_tensor_cores, kernel_reports
 
 DEFAULT = {
     ("simplenet", "float16", "sm_80"),

@@ -3,15 +3,10 @@
 import numpy as np
 import pytest
 import tvm
+from loss_scale_reference import reference_update
 from tvm import relax
 
-from tvmamp.loss_scale import (
-    PRESETS,
-    DynamicLossScale,
-    NoOpLossScale,
-    StaticLossScale,
-    reference_update,
-)
+from tvmamp.loss_scale import PRESETS, DynamicLossScale, NoOpLossScale, StaticLossScale
 
 # Small growth intervals so a short sequence exercises growth, decrease and both counters.
 SCALERS = {

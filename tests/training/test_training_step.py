@@ -2,10 +2,11 @@
 
 import numpy as np
 import pytest
+from loss_scale_reference import reference_update
 from tolerances import assert_close, tolerance
 
 from tvmamp import models
-from tvmamp.loss_scale import DynamicLossScale, StaticLossScale, reference_update
+from tvmamp.loss_scale import DynamicLossScale, StaticLossScale
 from tvmamp.training import SGD, Adam, Trainer
 
 BATCH, HIDDEN = 4, 8

@@ -22,7 +22,7 @@ FRESH_BUILD = os.path.join(os.path.dirname(__file__), "tuning_bf16_fresh_build.p
 
 @pytest.mark.slow  # 1-3 minutes here: 14 candidates built and timed, then four builds
 def test_tuned_bf16_log_applies_in_a_fresh_build(tmp_path):
-    from tvmamp.schedules.cpu_bf16_common import has_amx_bf16, has_avx512bf16
+    from tvmamp.schedules.cpu.bf16_common import has_amx_bf16, has_avx512bf16
     from tvmamp.targets import resolve_target
     from tvmamp.tuning import tune
 

@@ -10,8 +10,7 @@ from tvm.s_tir import meta_schedule as ms
 
 import tvmamp
 from tvmamp import models
-from tvmamp.schedules import x86_amx_intrin
-from tvmamp.schedules.cpu_bf16_tuning import (
+from tvmamp.schedules.cpu.bf16_tuning import (
     AMX_K_BLOCKS,
     AMX_N_BLOCKS,
     bf16_matmul_spaces,
@@ -20,9 +19,13 @@ from tvmamp.schedules.cpu_bf16_tuning import (
     plan_key,
     tuning_choices,
 )
-from tvmamp.tuning.bf16_gemm import BF16_SPACE, DEFAULT_SPACE, EnumerateSpaces, decision_of
+from tvmamp.schedules.intrin_loader import only_target_intrinsics
+from tvmamp.schedules.x86 import amx_intrin
+from tvmamp.targets import DEFAULT_SPACE
+from tvmamp.targets.llvm import BF16_SPACE
 from tvmamp.tuning.callbacks import module_key
-from tvmamp.tuning.intrinsics import TVMAMP_INTRIN, only_target_intrinsics, register_log_intrinsics
+from tvmamp.tuning.grid_search import EnumerateSpaces, decision_of
+from tvmamp.tuning.intrinsics import register_log_intrinsics
 from tvmamp.tuning.tasks import Task, extract_tasks, split_budget
 
 # sapphirerapids: avx512_bf16 and AMX-BF16; znver4: avx512_bf16 only; skylake-avx512: neither.
@@ -58,17 +61,18 @@ def _spaces(func, target) -> list[s_tir.Schedule]:
 def test_bf16_matmul_tasks_get_the_bf16_space_and_others_keep_the_default():
     mod, params = models.simple_net(batch=64, hidden=128, layers=2, seed=1)
     tasks = extract_tasks(tvmamp.convert(mod, "O2", AMX, "bfloat16", params))
-    spaces = {t.name: (t.space, t.space_size) for t in tasks}
+    spaces = {t.name: (t.space, t.space_size, t.space_generator) for t in tasks}
     gemms = [n for n in spaces if "matmul" in n]
     assert len(gemms) == 2 and len(spaces) > 2
-    for name, (space, size) in spaces.items():
-        expected = BF16_SPACE if name in gemms else DEFAULT_SPACE
+    for name, (space, size, generator) in spaces.items():
+        expected = BF16_SPACE if name in gemms else DEFAULT_SPACE.name
         assert space == expected, (name, space)
         assert (size is not None and size > 1) if name in gemms else size is None
+        assert (generator is bf16_matmul_spaces) if name in gemms else generator is None
     # without avx512_bf16 the bf16 kernels are tuned in meta_schedule's generic space
     with pytest.warns(UserWarning, match="no avx512_bf16"):
         plain = extract_tasks(tvmamp.convert(mod, "O2", NO_BF16, "bfloat16", params))
-    assert {t.space for t in plain} == {DEFAULT_SPACE}
+    assert {t.space for t in plain} == {DEFAULT_SPACE.name}
 
 
 def test_budget_beyond_a_space_goes_to_the_other_tasks():
@@ -158,8 +162,8 @@ def test_enumeration_measures_each_space_once_and_skips_measured_ones():
 
 
 def test_log_intrinsics_are_registered_before_replay(tmp_path):
-    name = x86_amx_intrin.amx_intrin(64, "global")  # the name pattern the log scan looks for
-    assert TVMAMP_INTRIN.fullmatch(name)
+    name = amx_intrin.amx_intrin(64, "global")  # the name pattern the log scan looks for
+    assert amx_intrin.NAME_PATTERN.fullmatch(name)
     k = 32 * 77  # a reduction length nothing registered yet
     fresh = name.replace("32x32x64_global", f"32x32x{k}_local")
     assert TensorIntrin.get(fresh, allow_missing=True) is None

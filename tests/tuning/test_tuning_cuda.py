@@ -6,23 +6,34 @@ from tuning_support import tiny_model
 
 from tvmamp.targets import resolve_target
 from tvmamp.tuning import tune
-from tvmamp.tuning.intrinsics import families_for
-from tvmamp.tuning.tasks import tuning_target
+
+
+def _families(spec):
+    target, entry = resolve_target(spec)
+    return entry.intrinsic_families(target)
+
+
+def _tuning_target(spec):
+    target, entry = resolve_target(spec)
+    return entry.tuning_target(target)
 
 
 def test_only_the_target_family_of_intrinsics_is_loaded():
-    assert families_for(resolve_target("llvm")[0]) == ("x86",)
-    assert families_for(resolve_target("cuda -arch=sm_80")[0]) == ("cuda",)
-    assert families_for(resolve_target("cuda -arch=sm_70")[0]) == ()
+    assert _families("llvm") == ("x86",)
+    assert _families("npu") == ("x86",)  # host code: the llvm entry's family
+    assert _families("cuda -arch=sm_80") == ("cuda",)
+    assert _families("cuda -arch=sm_70") == ()
 
 
 def test_cuda_tuning_target_gets_the_gpu_limits_meta_schedule_needs():
-    target, notes = tuning_target(resolve_target("cuda -arch=sm_80")[0])
+    target, notes = _tuning_target("cuda -arch=sm_80")
     assert target.attrs["max_threads_per_block"] == 1024
     assert target.attrs["max_shared_memory_per_block"] == 49152
     assert "nvidia/a100" in notes[0]
-    named, notes = tuning_target(resolve_target("nvidia/a100")[0])
+    named, notes = _tuning_target("nvidia/a100")
     assert notes == [] and named.attrs["max_shared_memory_per_block"] == 49152
+    cpu, entry = resolve_target("llvm")
+    assert entry.tuning_target(cpu) == (cpu, [])  # CPUs: the target as it is
 
 
 @pytest.mark.slow

@@ -24,7 +24,7 @@ FRESH_BUILD = textwrap.dedent(
     import tvmamp
     from tvmamp import models
     from tvmamp.tuning import load_tuning_log
-    from tvmamp.tuning.tasks import lower_for_tuning
+    from tvmamp.pipeline import run_front_phases
 
     def scheduled(mod):
         return {gv.name_hint: f for gv, f in mod.functions_items()
@@ -44,7 +44,7 @@ FRESH_BUILD = textwrap.dedent(
     database, notes = load_tuning_log(log, converted)
     with converted.target, database:
         replayed = scheduled(
-            relax.transform.MetaScheduleApplyDatabase()(lower_for_tuning(converted))
+            relax.transform.MetaScheduleApplyDatabase()(run_front_phases(converted))
         )
     instrument = AppliedKernels()
     with tvm.transform.PassContext(instruments=[instrument]):

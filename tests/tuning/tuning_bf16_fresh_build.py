@@ -23,10 +23,9 @@ from tvm.s_tir import meta_schedule as ms
 import tvmamp
 from tvmamp import models
 from tvmamp.benchmark import paired_medians
-from tvmamp.build import _pipeline
 from tvmamp.executable import Executable
+from tvmamp.pipeline import relax_pipeline, run_front_phases
 from tvmamp.tuning import load_tuning_log
-from tvmamp.tuning.tasks import lower_for_tuning
 
 
 def scheduled(mod):
@@ -59,7 +58,7 @@ def applied(build, converted, database):
     (built,) = instrument.runs
     with converted.target, database:
         replayed = scheduled(
-            relax.transform.MetaScheduleApplyDatabase()(lower_for_tuning(converted))
+            relax.transform.MetaScheduleApplyDatabase()(run_front_phases(converted))
         )
     same = all(tvm_ffi.structural_equal(f, replayed.get(n)) for n, f in built.items())
     return exe, sorted(built), same and sorted(built) == sorted(replayed)
@@ -78,7 +77,7 @@ def reference(params, layers, x):
 def packing(converted, database):
     """(constants packed at run time, constants already in the [.., 16, 2] pair layout)."""
     with converted.target, database:
-        mod = relax.transform.MetaScheduleApplyDatabase()(lower_for_tuning(converted))
+        mod = relax.transform.MetaScheduleApplyDatabase()(run_front_phases(converted))
         mod = tvm.transform.Sequential(converted.entry.schedule_passes(converted.target))(mod)
     calls = []
 
@@ -117,7 +116,7 @@ def register_tile_records(log):
 
 def build_with(converted, database):
     """Compile as tvmamp.build does, with ``database`` applied in phase 3."""
-    pipeline = _pipeline(converted.target, converted.entry, converted.policy, database)
+    pipeline = relax_pipeline(converted.target, converted.entry, converted.policy, database)
     with database:
         vm_exec = tvm.compile(converted.mod, target=converted.target, relax_pipeline=pipeline)
     c = converted

@@ -32,7 +32,7 @@ def register(subparsers) -> None:
 def run(args) -> int:
     """Compare, print the summary, write accuracy.csv and accuracy.png."""
     from tvmamp import debugging, models
-    from tvmamp.loading import load_model
+    from tvmamp.frontends.model_spec import load_model
 
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     log(f"[compare] loading {args.model} ...")

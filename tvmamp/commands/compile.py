@@ -80,9 +80,10 @@ def _log(msg: str) -> None:
 
 def run(args) -> int:
     """Load, convert, compile and export, reporting each step and its time."""
-    from tvmamp.build import compile_converted, convert
+    from tvmamp.conversion import convert
+    from tvmamp.driver import compile_with_log, resolve_plan
     from tvmamp.frontends.files import parse_input_shapes
-    from tvmamp.loading import load_model
+    from tvmamp.frontends.model_spec import load_model
 
     shapes = parse_input_shapes(args.input_shape)
     start = time.perf_counter()
@@ -92,19 +93,15 @@ def run(args) -> int:
         f"[compile 1/4] imported in {time.perf_counter() - start:.1f} s ({_describe(mod, params)})"
     )
     kwargs = build_kwargs(args)
-    plan = _plan(args, mod, params, kwargs)
-    if plan is not None:
-        from tvmamp.build import _apply_plan
-
-        kwargs["level"], kwargs["dtype"], kwargs["node_dtypes"] = _apply_plan(
-            plan, mod, kwargs["level"], args.dtype, None
-        )
-    kwargs["level"] = kwargs["level"] or "O1"
+    resolved = resolve_plan(
+        mod, kwargs["level"], args.dtype, target=args.target, params=params, **_plan_options(args)
+    )
+    kwargs.update(level=resolved.level, dtype=resolved.dtype, node_dtypes=resolved.node_dtypes)
     _log(f"[compile 2/4] converting to mixed precision at {kwargs['level']} ...")
     converted = convert(mod, params=params, **kwargs)
     _log(f"[compile 3/4] compiling for {converted.target.kind.name} (the longest step) ...")
     step = time.perf_counter()
-    exe = compile_converted(converted, args.tuning_log, args.tuning_log_override)
+    exe = compile_with_log(converted, args.tuning_log, args.tuning_log_override)
     for note in exe.notes:
         _log(f"[compile] tuning log: {note}")
     _log(f"[compile 3/4] compiled in {time.perf_counter() - step:.1f} s")
@@ -115,23 +112,22 @@ def run(args) -> int:
     return 0
 
 
-def _plan(args, mod, params, kwargs):
-    """The precision plan of --plan, or searched for --level auto-search; else None."""
-    from tvmamp.build import AUTO_SEARCH
-    from tvmamp.search import ErrorBudget, PrecisionPlan, search_precision
+def _plan_options(args) -> dict:
+    """``plan`` from --plan, or ``calib_inputs`` and ``budget`` for --level auto-search."""
+    from tvmamp.driver import AUTO_SEARCH
+    from tvmamp.search import ErrorBudget, PrecisionPlan
 
-    if kwargs["level"] != AUTO_SEARCH:
+    if args.level != AUTO_SEARCH:
         if args.inputs is not None:
             raise ValueError(f"--inputs is only used with --level {AUTO_SEARCH}")
-        return PrecisionPlan.load(args.plan) if args.plan is not None else None
+        return {"plan": PrecisionPlan.load(args.plan) if args.plan is not None else None}
     if args.plan is not None or args.inputs is None:
         raise ValueError(f"--level {AUTO_SEARCH} needs --inputs calib.npz and no --plan")
     from .search import load_samples
 
     _log(f"[compile 1/4] searching a precision plan (budget {args.budget:g}, {args.metric}) ...")
-    kwargs["level"] = None
     budget = ErrorBudget(args.budget, args.metric)
-    return search_precision(mod, load_samples(args.inputs), args.target, args.dtype, budget, params)
+    return {"calib_inputs": load_samples(args.inputs), "budget": budget}
 
 
 def _describe(mod, params) -> str:
@@ -141,11 +137,11 @@ def _describe(mod, params) -> str:
 
 
 def _signature(exe) -> str:
-    from tvmamp.executable import static_shape, tensor_dtype_of
+    from tvmamp.tensors import static_shape, type_dtype
 
     shown = []
     for p in exe.mod["main"].params:
         shape = static_shape(p.ty)
         dims = "x".join(str(d) for d in shape) if shape is not None else "dynamic"
-        shown.append(f"{p.name}: {tensor_dtype_of(p.ty)}[{dims}]")
+        shown.append(f"{p.name}: {type_dtype(p.ty)}[{dims}]")
     return "main(" + ", ".join(shown) + ")"

@@ -40,17 +40,18 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     """Build, then print the AMP report and the per-kernel tensor-core table."""
-    from tvmamp.build import build
-    from tvmamp.loading import load_model
+    from tvmamp.driver import build
+    from tvmamp.frontends.model_spec import load_model
     from tvmamp.targets import resolve_target
 
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     kwargs = build_kwargs(args)
     if args.arch:
         kwargs["target"] = f"{args.target} -arch={args.arch}"
-    kind = resolve_target(kwargs["target"])[0].kind.name
-    if args.ptx and kind != "cuda":
-        raise ValueError(f"tvmamp inspect: --ptx needs a CUDA target, got {kind!r}")
+    entry = resolve_target(kwargs["target"])[1]
+    emits_ptx = "ptx" in entry.source_formats  # the targets whose kernels have tensor cores
+    if args.ptx and not emits_ptx:
+        raise ValueError(f"tvmamp inspect: --ptx needs a CUDA target, got {entry.name!r}")
     log(f"[inspect] loading {args.model} ...")
     mod, params = load_model(args.model)
     log(f"[inspect] converting at {args.level} and compiling for {kwargs['target']} ...")
@@ -58,7 +59,7 @@ def run(args) -> int:
     exe = build(mod, params=params, **kwargs)
     log(f"[inspect] built in {time.perf_counter() - start:.1f} s")
     print(exe.stats.summary())
-    if kind != "cuda":
+    if not emits_ptx:
         return 0
     if args.ptx:
         log("[inspect] compiling the CUDA source to PTX with nvcc ...")
@@ -73,7 +74,7 @@ def run(args) -> int:
 
 def kernel_table(source: str, low_dtype: str) -> str:
     """The per-kernel table and a closing line counting GEMM kernels on tensor cores."""
-    from tvmamp.schedules.cuda_ptx import gemm_kernels_without_tensor_cores, kernel_reports
+    from tvmamp.targets.ptx import gemm_kernels_without_tensor_cores, kernel_reports
 
     reports = kernel_reports(source)
     lines = [f"{len(reports)} kernels (tensor-core instruction [data movement]):"]

@@ -57,7 +57,7 @@ def load_samples(path: str) -> list[tuple]:
 
 def run(args) -> int:
     """Search and save the plan."""
-    from tvmamp.loading import load_model
+    from tvmamp.frontends.model_spec import load_model
     from tvmamp.search import ErrorBudget, search_precision
 
     mod, params = load_model(args.model)

@@ -30,8 +30,9 @@ def register(subparsers) -> None:
 def run(args) -> int:
     """Print the operator table."""
     from tvmamp import debugging, models
-    from tvmamp.build import build, convert
-    from tvmamp.loading import load_model
+    from tvmamp.conversion import convert
+    from tvmamp.driver import build
+    from tvmamp.frontends.model_spec import load_model
 
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     log(f"[stats] loading {args.model} ...")

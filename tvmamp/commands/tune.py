@@ -28,7 +28,7 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     """Tune and print the per-kernel table."""
-    from tvmamp.loading import load_model
+    from tvmamp.frontends.model_spec import load_model
     from tvmamp.tuning import RPC, tune
 
     if (args.rpc_tracker is None) != (args.rpc_key is None):

@@ -1,11 +1,17 @@
 """tvmamp.debugging: operator statistics, the NaN/Inf tensor checker and accuracy comparison.
 
 The compiler's form of ``paddle.amp.debugging``: what Paddle does with runtime hooks, tvmamp does
-with instrumented builds (a build hook inserts a packed-function call after every selected op
-while a tool is enabled); with every tool off, builds are untouched.
+with instrumented builds (while a tool is enabled, an instrumentation hook of the pipeline inserts
+a packed-function call after every selected op); with every tool off, builds are untouched.
 """
 
 from .accuracy import AccuracyReport, OpError, compare_accuracy, compare_dumps
+from .checker import (
+    TensorCheckerConfig,
+    disable_tensor_checker,
+    enable_tensor_checker,
+    tensor_checker,
+)
 from .dump import OpDump, OpRecord, record_op_outputs
 from .numerics import DebugMode, Finding, check_layer_numerics, check_numerics, tensor_stats
 from .operator_stats import (
@@ -17,12 +23,6 @@ from .operator_stats import (
     static_operator_stats,
 )
 from .plots import plot_accuracy, plot_loss_scale
-from .tensor_checker import (
-    TensorCheckerConfig,
-    disable_tensor_checker,
-    enable_tensor_checker,
-    tensor_checker,
-)
 
 __all__ = [
     "AccuracyReport",

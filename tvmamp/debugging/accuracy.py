@@ -165,7 +165,7 @@ def compare_accuracy(
     target="llvm",
     threshold: float | None = None,
     plot: bool = True,
-    **build_kwargs,
+    **convert_kwargs,
 ) -> AccuracyReport:
     """Run the fp32 and the AMP build of a model, or take two dumps, and compare op by op.
 
@@ -175,8 +175,8 @@ def compare_accuracy(
         The fp32 model; or the reference dump (an :class:`OpDump` or a directory it was saved to).
     inputs : list of np.ndarray, OpDump or path
         Data inputs of ``main``; or, when ``model`` is a dump, the AMP dump.
-    level, dtype, params, target, **build_kwargs
-        How to build the AMP model (see :func:`tvmamp.build`); the reference is level O0.
+    level, dtype, params, target, **convert_kwargs
+        How to convert the AMP model (see :func:`tvmamp.convert`); the reference is level O0.
     output_path : path, optional
         A directory for ``accuracy.csv`` and ``accuracy.png`` (relative error per op, coloured
         by dtype; needs matplotlib, ``pip install 'tvmamp[plot]'``).
@@ -194,7 +194,7 @@ def compare_accuracy(
     if reference is None or amp is None:
         if inputs is None:
             raise TypeError("tvmamp.debugging.compare_accuracy: inputs are required with a model")
-        common = dict(target=target, params=params, **build_kwargs)
+        common = dict(target=target, params=params, **convert_kwargs)
         reference = record_op_outputs(model, inputs, level="O0", **common)
         amp = record_op_outputs(model, inputs, level=level, dtype=dtype, **common)
     report = compare_dumps(reference, amp, threshold)

@@ -10,14 +10,14 @@ import ml_dtypes
 import numpy as np
 import tvm
 
-from .instrument import (
-    Site,
-    add_build_hook,
-    instrument_module,
-    packed_call,
-    remove_build_hook,
-    tensor_fields,
+from tvmamp.conversion import convert
+from tvmamp.pipeline import (
+    add_instrumentation_hook,
+    compile_converted,
+    remove_instrumentation_hook,
 )
+
+from .instrument import Site, instrument_module, packed_call, tensor_fields
 
 DUMP_FUNC = "tvmamp.debugging.dump_tensor"
 _MANIFEST, _TENSORS = "dump.json", "tensors.npz"
@@ -84,7 +84,7 @@ def _dump_tensor(tensor, func, index, op, var, dtype):
 
 
 def dump_hook(converted) -> tvm.IRModule:
-    """BUILD_HOOKS entry: hand every float op output to the active recording."""
+    """Instrumentation hook: hand every float op output to the active recording."""
 
     def emit(site: Site, value):
         return [
@@ -95,7 +95,7 @@ def dump_hook(converted) -> tvm.IRModule:
     return instrument_module(converted.mod, emit)
 
 
-def record_op_outputs(model, inputs, level: str = "O1", **build_kwargs) -> OpDump:
+def record_op_outputs(model, inputs, level: str = "O1", **convert_kwargs) -> OpDump:
     """Build ``model`` instrumented, run ``main`` once on ``inputs``, keep every op output.
 
     Parameters
@@ -106,20 +106,19 @@ def record_op_outputs(model, inputs, level: str = "O1", **build_kwargs) -> OpDum
         Data inputs of ``main``.
     level : str
         AMP level ("O0" for the fp32 reference).
-    **build_kwargs
-        Passed to :func:`tvmamp.build` (``target``, ``dtype``, ``params``, custom lists...).
+    **convert_kwargs
+        Passed to :func:`tvmamp.convert` (``target``, ``dtype``, ``params``, custom lists...).
 
     Returns
     -------
     OpDump
     """
-    from tvmamp.build import build
-
-    add_build_hook(dump_hook)
+    converted = convert(model, level, **convert_kwargs)
+    add_instrumentation_hook(dump_hook)
     try:
-        exe = build(model, level=level, **build_kwargs)
+        exe = compile_converted(converted)
     finally:
-        remove_build_hook(dump_hook)
+        remove_instrumentation_hook(dump_hook)
     _RECORDING.append([])
     try:
         exe(*inputs)

@@ -1,12 +1,14 @@
 """Instrumented builds: a Relax rewrite that calls a packed function after every selected op.
 
 The debugging tools (tensor checker, executed-op statistics, accuracy dumps) all work the same
-way. A build hook rewrites the converted module before lowering: each selected op binding is
-followed by an impure ``R.call_packed(callback, value, site...)``, so the compiled graph itself
-reports every op's output while it runs. The dataflow blocks are turned into ordinary binding
-blocks first (impure calls may not live in dataflow blocks, and pure calls whose result is unused
-would be removed), and each rewritten function gets ``relax.force_pure`` so that callers keep
-treating it as pure. Such a build does not fuse ops, which is what a per-op check needs.
+way. While a tool is on, an instrumentation hook of the pipeline
+(``tvmamp.pipeline.add_instrumentation_hook``) rewrites the converted module before lowering:
+each selected op binding is followed by an impure ``R.call_packed(callback, value, site...)``,
+so the compiled graph itself reports every op's output while it runs. The dataflow blocks are
+turned into ordinary binding blocks first (impure calls may not live in dataflow blocks, and
+pure calls whose result is unused would be removed), and each rewritten function gets
+``relax.force_pure`` so that callers keep treating it as pure. Such a build does not fuse ops,
+which is what a per-op check needs.
 
 With no hook registered nothing here runs: the compiled module is the uninstrumented one.
 """
@@ -83,8 +85,12 @@ def _float_dtypes(expr) -> list[str]:
     return []
 
 
-def compute_dtype(call: relax.Call, result_ty) -> str:
-    """The dtype an op call computes in: its first float input's, else its result's, else ''."""
+def call_dtype(call: relax.Call, result_ty) -> str:
+    """The dtype an op call of a converted module computes in, read from its types.
+
+    Its first float input's dtype, else its result's, else ''. (The dtype the policy decides
+    for an op is ``Policy.compute_dtype``; this reads what a module does.)
+    """
     for arg in call.args:
         found = _float_dtypes(arg)
         if found:
@@ -198,7 +204,7 @@ class _Instrumenter(relax.PyExprMutator):
         if constant_only(value, self._folded):
             self._folded.add(var)
             return
-        dtype = compute_dtype(value, var.ty)
+        dtype = call_dtype(value, var.ty)
         site = Site(self._func, self._index, label, unique, dtype)
         self._index += 1
         for call in self.emit_fn(site, new_var):
@@ -224,19 +230,3 @@ def tensor_fields(site: Site, value: relax.Expr):
                 pairs.append((named, relax.TupleGetItem(value, i)))
         return pairs
     return []
-
-
-def add_build_hook(hook) -> None:
-    """Register ``hook`` in ``tvmamp.build.BUILD_HOOKS`` (once)."""
-    from tvmamp.build import BUILD_HOOKS
-
-    if hook not in BUILD_HOOKS:
-        BUILD_HOOKS.append(hook)
-
-
-def remove_build_hook(hook) -> None:
-    """Remove ``hook`` from ``tvmamp.build.BUILD_HOOKS`` if it is there."""
-    from tvmamp.build import BUILD_HOOKS
-
-    while hook in BUILD_HOOKS:
-        BUILD_HOOKS.remove(hook)

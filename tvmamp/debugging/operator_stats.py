@@ -9,16 +9,16 @@ import sys
 import tvm
 from tvm import relax
 
+from tvmamp.pipeline import add_instrumentation_hook, remove_instrumentation_hook
+
 from .instrument import (
     Site,
-    add_build_hook,
-    compute_dtype,
+    call_dtype,
     constant_only,
     instrument_module,
     instrumentable,
     op_label,
     packed_call,
-    remove_build_hook,
 )
 
 COUNT_FUNC = "tvmamp.debugging.count_op"
@@ -105,7 +105,7 @@ class _StatsVisitor(relax.PyExprVisitor):
                 self.folded.add(binding.var)
             else:
                 op = label[len("relax.") :] if label.startswith("relax.") else label
-                self.stats.add(op, compute_dtype(value, binding.var.ty))
+                self.stats.add(op, call_dtype(value, binding.var.ty))
         super().visit_var_binding_(binding)
 
 
@@ -139,7 +139,7 @@ _COLLECTING: list[OperatorStats] = []
 def enable_operator_stats_collection() -> OperatorStats:
     """Count executed op calls: models built from now on are instrumented; returns the counts."""
     _COLLECTING[:] = [OperatorStats()]
-    add_build_hook(count_hook)
+    add_instrumentation_hook(count_hook)
     return _COLLECTING[0]
 
 
@@ -147,7 +147,7 @@ def disable_operator_stats_collection(verbose: bool = True) -> OperatorStats:
     """Stop counting; print (``verbose``) and return the calls executed since enabling."""
     stats = _COLLECTING[0] if _COLLECTING else OperatorStats()
     _COLLECTING.clear()
-    remove_build_hook(count_hook)
+    remove_instrumentation_hook(count_hook)
     if verbose:
         print(stats.table(), file=sys.stdout)
     return stats
@@ -164,7 +164,7 @@ def operator_stats_collection(verbose: bool = True):
 
 
 def count_hook(converted) -> tvm.IRModule:
-    """BUILD_HOOKS entry: count each op call, with its compute dtype, when it runs."""
+    """Instrumentation hook: count each op call, with its compute dtype, when it runs."""
 
     def emit(site: Site, _value):
         return [packed_call(COUNT_FUNC, site.short_op, site.dtype)]

@@ -1,6 +1,7 @@
 """search_precision: the fastest per-node precision plan whose error stays within a budget.
 
-The search, with few builds:
+The search, with few builds (steps 1-3 in :mod:`.accuracy`, step 4 in :mod:`.speed`, the state
+they share in :mod:`.state`):
 
 1. Convert at the most aggressive level (``start_level``, O3 by default) and measure the error
    on the calibration inputs.
@@ -28,12 +29,13 @@ import warnings
 import numpy as np
 
 from tvmamp.benchmark import median_latency_ms
-from tvmamp.build import as_module, build, convert
+from tvmamp.conversion import as_module
 
-from . import speed
-from .attribution import rank_candidates
+from .accuracy import accuracy_steps
 from .budget import ErrorBudget
 from .plan import PrecisionPlan, model_hash
+from .speed import speed_step
+from .state import SearchState, compile_plan
 
 
 def _samples(calib_inputs) -> list[tuple]:
@@ -55,94 +57,6 @@ def _split(samples, holdout: float):
     n_hold = int(round(len(samples) * holdout)) if len(samples) > 1 else 0
     n_hold = min(max(n_hold, 1 if holdout > 0 and len(samples) > 1 else 0), len(samples) - 1)
     return samples[: len(samples) - n_hold], samples[len(samples) - n_hold :]
-
-
-class _Search:
-    """State of one search: the reference outputs, the budget and the clock."""
-
-    def __init__(self, mod, params, target, dtype, level, budget, calib, time_limit_s, progress):
-        self.mod, self.params, self.target, self.level = mod, params, target, level
-        self.budget, self.calib, self.deadline = budget, calib, time.monotonic() + time_limit_s
-        self.reference = build(mod, "O0", target, params=params)
-        self.ref_out = [self.reference(*s) for s in calib]
-        self.base = convert(mod, level, target, dtype, params)
-        self.dtype = self.base.policy.low_dtype
-        self.nodes = list(self.base.report.nodes)
-        self.builds = 0
-        self.bar = _progress_bar(progress)
-        self._tried: dict = {}
-        self.op_times: dict = {}  # single-op latencies, shared by identical layers
-        self.latencies: dict = {}  # the whole-model plans compared in step 4, in ms
-        self.chosen = None  # the name of the plan step 4 chose
-
-    def out_of_time(self) -> bool:
-        return time.monotonic() > self.deadline
-
-    def plan_dtypes(self, fp32: set) -> dict:
-        return {
-            n.node: "float32" if n.node in fp32 or n.dtype == "float32" else "low"
-            for n in self.nodes
-        }
-
-    def evaluate(self, fp32: set):
-        """Build with the ``fp32`` nodes in fp32; (error on the calibration inputs, executable)."""
-        key = frozenset(fp32)
-        if key not in self._tried:
-            exe = build(
-                self.mod,
-                self.level,
-                self.target,
-                self.dtype,
-                self.params,
-                node_dtypes=self.plan_dtypes(fp32),
-            )
-            self.builds += 1
-            error = self.budget.measure(self.ref_out, [exe(*s) for s in self.calib])
-            self._tried[key] = (error, exe)
-            self.bar.update(1)
-            self.bar.set_postfix(fp32_nodes=len(fp32), error=f"{error:.2e}")
-        return self._tried[key]
-
-
-def _progress_bar(enabled: bool):
-    from tqdm.auto import tqdm
-
-    return tqdm(desc="precision search", unit="plan", disable=not enabled, leave=False)
-
-
-def _smallest_prefix(search: _Search, ranked: list) -> tuple[int | None, float]:
-    """Smallest k such that the top-k ranked nodes in fp32 meet the budget (None if none).
-
-    Doubles k from 1 until the budget is met, then bisects between the last failing k and it.
-    """
-    lo, hi, hi_err = 0, None, float("inf")  # lo: the largest k known to miss the budget
-    while hi is None and lo < len(ranked) and not search.out_of_time():
-        k = min(2 * lo, len(ranked)) if lo else 1
-        error, _ = search.evaluate({c.node for c in ranked[:k]})
-        if search.budget.met(error):
-            hi, hi_err = k, error
-        else:
-            lo = k
-    while hi is not None and hi - lo > 1 and not search.out_of_time():
-        mid = (lo + hi) // 2
-        error, _ = search.evaluate({c.node for c in ranked[:mid]})
-        if search.budget.met(error):
-            hi, hi_err = mid, error
-        else:
-            lo = mid
-    return hi, hi_err
-
-
-def _restore_expensive(search: _Search, chosen: list, error: float) -> tuple[list, float]:
-    """Put GEMM-like nodes of ``chosen`` back to low where the budget allows."""
-    for cand in [c for c in chosen if c.expensive]:
-        if search.out_of_time():
-            break
-        trial = [c for c in chosen if c is not cand]
-        trial_err, _ = search.evaluate({c.node for c in trial})
-        if search.budget.met(trial_err):
-            chosen, error = trial, trial_err
-    return chosen, error
 
 
 def search_precision(
@@ -198,7 +112,9 @@ def search_precision(
     mod = as_module(mod, "tvmamp.search_precision")
     start = time.monotonic()
     calib, held = _split(_samples(calib_inputs), holdout)
-    search = _Search(mod, params, target, dtype, start_level, budget, calib, time_limit_s, progress)
+    search = SearchState(
+        mod, params, target, dtype, start_level, budget, calib, time_limit_s, progress
+    )
     try:
         plan, exe, notes = _run(search, measure_latency)
     finally:
@@ -207,14 +123,14 @@ def search_precision(
     return plan
 
 
-def _run(search: _Search, measure_latency: bool):
+def _run(search: SearchState, measure_latency: bool):
     """The search proper; returns (plan, executable, notes)."""
     notes = []
-    chosen, error = _accuracy(search, notes)
+    chosen, error = accuracy_steps(search, notes)
     reasons = {c.node: c.reason() for c in chosen}
     fp32 = {c.node for c in chosen}
-    if measure_latency and len(fp32) < len(_low_nodes(search)):
-        fp32 = _speed(search, fp32, reasons, notes)
+    if measure_latency and len(fp32) < len(search.low_nodes()):
+        fp32 = speed_step(search, fp32, reasons, notes)
     error, exe = search.evaluate(fp32)
     plan = PrecisionPlan(
         model_hash=model_hash(search.mod),
@@ -228,101 +144,7 @@ def _run(search: _Search, measure_latency: bool):
     return plan, exe, notes
 
 
-def _low_nodes(search: _Search) -> list[str]:
-    return [n.node for n in search.nodes if n.dtype != "float32"]
-
-
-def _accuracy(search: _Search, notes: list) -> tuple[list, float]:
-    """Steps 1-3: the low nodes to return to fp32 (ranked candidates) and the plan's error."""
-    error, _ = search.evaluate(set())
-    if search.budget.met(error):
-        return [], error
-    ranked = (
-        _ranked(search, notes)
-        if not search.out_of_time()
-        else rank_candidates(search.mod, search.nodes, [])
-    )
-    k, error = _smallest_prefix(search, ranked)
-    if k is None:
-        why = "before the time limit" if search.out_of_time() else "with any node in low"
-        notes.append(f"no mixed-precision plan met the budget {why}; returning the fp32 plan")
-        return list(ranked), error
-    chosen, error = _restore_expensive(search, ranked[:k], error)
-    if len(chosen) == len(ranked):
-        notes.append("only the fp32 plan meets the budget; returning the fp32 plan")
-    return chosen, error
-
-
-def _speed(search: _Search, fp32: set, reasons: dict, notes: list) -> set:
-    """Step 4: the fastest of the plans that meet the budget; fills ``reasons`` for its nodes."""
-    _, exe = search.evaluate(fp32)
-    search.bar.set_postfix_str("timing the low matmuls alone, in fp32 and low")
-    slow = speed.slow_low_nodes(
-        search.mod,
-        search.params,
-        exe.stats.nodes,
-        search.target,
-        search.dtype,
-        search.op_times,
-        search.out_of_time,
-    )
-    plans = {"searched": fp32}
-    if slow:
-        plans["searched, slow kernels fp32"] = fp32 | set(slow)
-        for node, (t32, tlow) in slow.items():
-            reasons[node] = f"its low kernel is slower: {tlow:.3f} ms against {t32:.3f} ms in fp32"
-    for level in ("O1", "O2"):
-        if level != search.level:
-            report = convert(search.mod, level, search.target, search.dtype, search.params).report
-            plans[level] = {n.node for n in report.nodes if n.dtype == "float32"}
-    plans["fp32"] = set(_low_nodes(search))
-    executables = {}
-    for name, nodes in plans.items():
-        if search.out_of_time() and executables:
-            notes.append(f"time limit: the {name} plan and later ones were not compared")
-            break
-        error, candidate = search.evaluate(nodes)
-        if search.budget.met(error):
-            executables[name] = candidate
-    if not executables:
-        return fp32
-    search.bar.set_postfix_str(f"timing {len(executables)} plans that meet the budget")
-    winner, search.latencies = speed.fastest(executables, list(search.calib[0]))
-    search.chosen = winner
-    search.bar.set_postfix(plan=winner, latency=f"{search.latencies[winner]:.3f} ms")
-    for node in plans[winner] - fp32:
-        reasons.setdefault(node, f"fp32 in the {winner} plan, the fastest that meets the budget")
-    return plans[winner]
-
-
-def _ranked(search: _Search, notes: list) -> list:
-    """Candidates ranked by per-op attribution on the first calibration input.
-
-    If the instrumented builds that attribution needs fail, the candidates keep the static
-    order (cheap ops before GEMMs, graph order) and the plan's notes say so.
-    """
-    from tvmamp.debugging import compare_accuracy
-
-    try:
-        report = compare_accuracy(
-            search.mod,
-            list(search.calib[0]),
-            level=search.level,
-            dtype=search.dtype,
-            params=search.params,
-            target=search.target,
-            plot=False,
-        )
-    except (RuntimeError, TypeError, ValueError) as err:
-        notes.append(
-            f"per-op attribution failed ({type(err).__name__}: "
-            f"{str(err).strip().splitlines()[-1][:200]}); ranked without it"
-        )
-        return rank_candidates(search.mod, search.nodes, [])
-    return rank_candidates(search.mod, search.nodes, report.rows)
-
-
-def _measure(search: _Search, plan: PrecisionPlan, exe, held, start, notes):
+def _measure(search: SearchState, plan: PrecisionPlan, exe, held, start, notes):
     """Held-out error and latency against O1 and fp32, into ``plan.metrics``."""
     metrics = plan.metrics
     metrics.update(
@@ -339,7 +161,7 @@ def _measure(search: _Search, plan: PrecisionPlan, exe, held, start, notes):
                 f"held-out error {metrics['holdout_error']:.3g} exceeds the budget "
                 f"{search.budget.max_rel_err:g}"
             )
-    o1 = build(search.mod, "O1", search.target, search.dtype, search.params)
+    o1 = compile_plan(search.mod, "O1", search.target, search.dtype, search.params)
     sample = search.calib[0]
     metrics["latency_ms"] = median_latency_ms(exe, sample)
     metrics["latency_o1_ms"] = median_latency_ms(o1, sample)

@@ -1,4 +1,4 @@
-"""The speed side of the search: measured per-node and whole-model latencies.
+"""Step 4 of the precision search: measured per-node and whole-model latencies.
 
 Low precision is not always faster: a small matmul pays for padding and casts, a kernel may
 have no fast low-precision schedule on the target. Two measurements find this out:
@@ -10,6 +10,9 @@ have no fast low-precision schedule on the target. Two measurements find this ou
   lone conv would pay in full; the whole-model comparison judges them;
 * ``fastest``: whole-model plans that meet the budget are timed interleaved in one run
   (``paired_medians``), and the fastest wins.
+
+:func:`speed_step` puts them together: the searched plan, it with its slow low matmuls in fp32,
+the O1 and O2 assignments and the fp32 plan, of which the fastest that meets the budget wins.
 """
 
 from __future__ import annotations
@@ -23,7 +26,9 @@ import tvm_ffi
 from tvm import relax
 
 from tvmamp.benchmark import paired_medians
-from tvmamp.build import bind_params, build
+from tvmamp.conversion import bind_params, convert
+
+from .state import SearchState, compile_plan
 
 SLOWER = 1.1  # a low kernel counts as slower when it takes 10 % longer than fp32 (noise margin)
 MEASURED_ALONE = ("relax.matmul",)
@@ -106,8 +111,8 @@ def op_latencies(call: relax.Call, target, dtype: str, cache: dict) -> tuple[flo
         return None
     key = tvm_ffi.structural_hash(mod)
     if key not in cache:
-        fp32 = build(mod, "O0", target)
-        low = build(mod, "O3", target, dtype)
+        fp32 = compile_plan(mod, "O0", target)
+        low = compile_plan(mod, "O3", target, dtype)
         inputs = _inputs(mod)
         cache[key] = tuple(
             t * 1e3 for t in paired_medians([lambda: fp32(*inputs), lambda: low(*inputs)], 15)
@@ -158,3 +163,45 @@ def fastest(
         if times[name] < (1 - margin) * times[best]:
             best = name
     return best, times
+
+
+def speed_step(search: SearchState, fp32: set, reasons: dict, notes: list) -> set:
+    """Step 4: the fastest of the plans that meet the budget; fills ``reasons`` for its nodes."""
+    _, exe = search.evaluate(fp32)
+    search.bar.set_postfix_str("timing the low matmuls alone, in fp32 and low")
+    slow = slow_low_nodes(
+        search.mod,
+        search.params,
+        exe.stats.nodes,
+        search.target,
+        search.dtype,
+        search.op_times,
+        search.out_of_time,
+    )
+    plans = {"searched": fp32}
+    if slow:
+        plans["searched, slow kernels fp32"] = fp32 | set(slow)
+        for node, (t32, tlow) in slow.items():
+            reasons[node] = f"its low kernel is slower: {tlow:.3f} ms against {t32:.3f} ms in fp32"
+    for level in ("O1", "O2"):
+        if level != search.level:
+            report = convert(search.mod, level, search.target, search.dtype, search.params).report
+            plans[level] = {n.node for n in report.nodes if n.dtype == "float32"}
+    plans["fp32"] = set(search.low_nodes())
+    executables = {}
+    for name, nodes in plans.items():
+        if search.out_of_time() and executables:
+            notes.append(f"time limit: the {name} plan and later ones were not compared")
+            break
+        error, candidate = search.evaluate(nodes)
+        if search.budget.met(error):
+            executables[name] = candidate
+    if not executables:
+        return fp32
+    search.bar.set_postfix_str(f"timing {len(executables)} plans that meet the budget")
+    winner, search.latencies = fastest(executables, list(search.calib[0]))
+    search.chosen = winner
+    search.bar.set_postfix(plan=winner, latency=f"{search.latencies[winner]:.3f} ms")
+    for node in plans[winner] - fp32:
+        reasons.setdefault(node, f"fp32 in the {winner} plan, the fastest that meets the budget")
+    return plans[winner]

@@ -12,7 +12,7 @@ import tvm
 from tvm import relax
 from tvm.relax import PyExprMutator
 
-from tvmamp.build import Converted, convert
+from tvmamp.conversion import Converted, convert
 
 from .model import ForwardModel
 

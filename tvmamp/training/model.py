@@ -8,7 +8,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from tvmamp.executable import static_shape
+from tvmamp.tensors import static_shape
 
 
 @dataclasses.dataclass(frozen=True)

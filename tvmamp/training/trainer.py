@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import tvm
 
-from tvmamp.build import Converted, compile_converted
+from tvmamp.conversion import Converted
 from tvmamp.loss_scale import DynamicLossScale, LossScale, NoOpLossScale
-from tvmamp.relay_passes.auto_mixed_precision import np_dtype
+from tvmamp.pipeline import compile_converted
+from tvmamp.tensors import check_array
 
 from .graph import convert_adjoint, scaled_adjoint
 from .losses import loss_function
@@ -186,17 +187,4 @@ def _check_accumulate(steps) -> int:
 
 
 def _to_device(value, name, ty, device):
-    from tvmamp.executable import static_shape
-
-    array = value.numpy() if isinstance(value, tvm.runtime.Tensor) else np.asarray(value)
-    want = str(ty.dtype)
-    if array.dtype != np_dtype(want):
-        raise TypeError(
-            f"tvmamp.training: {name!r} has dtype {array.dtype}, but the model expects {want}"
-        )
-    shape = static_shape(ty)
-    if shape is not None and tuple(array.shape) != shape:
-        raise ValueError(
-            f"tvmamp.training: {name!r} has shape {array.shape}, but the model expects {shape}"
-        )
-    return tvm.runtime.tensor(array, device)
+    return tvm.runtime.tensor(check_array(value, name, ty, "tvmamp.training"), device)

@@ -2,6 +2,6 @@
 
 from .loader import load_tuning_log
 from .rpc import RPC
-from .tune import TaskResult, TuneResult, tune
+from .tuner import TaskResult, TuneResult, tune
 
 __all__ = ["RPC", "TaskResult", "TuneResult", "load_tuning_log", "tune"]

@@ -10,8 +10,8 @@ from tvm.s_tir.meta_schedule.arg_info import ArgInfo
 from tvm.s_tir.meta_schedule.builder import BuilderInput
 from tvm.s_tir.meta_schedule.runner import RunnerInput
 
-from .bf16_gemm import for_measuring
 from .callbacks import median_secs
+from .packed_weights import for_measuring
 
 
 def default_schedule(task, target, entry) -> tvm.IRModule | None:
@@ -36,7 +36,7 @@ def measure_default(task, target, entry, builder, runner) -> float | None:
     (built,) = builder.build([BuilderInput(mod, target)])
     if built.error_msg is not None:
         return None
-    device = tvm.runtime.Device(target.get_target_device_type(), 0).__device_type_name__()
+    device = entry.device(target).__device_type_name__()
     # as for meta_schedule's own candidates: weight-packing blocks run at compile time, not here
     args_info = ArgInfo.from_entry_func(mod, remove_preproc=True)
     (future,) = runner.run([RunnerInput(built.artifact_path, device, args_info)])

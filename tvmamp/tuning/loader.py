@@ -1,7 +1,8 @@
-"""Open a tuning log for tvmamp.build: check it, then say which kernels it covers."""
+"""Open a tuning log for a build: check it, then say which kernels it covers."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -15,15 +16,78 @@ from .tasks import lower_for_tuning
 COMPONENT = "tvmamp.build"
 
 
+@dataclasses.dataclass
+class TuningLog:
+    """A tuning log opened for one converted model (:func:`open_tuning_log`).
+
+    Attributes
+    ----------
+    path : str
+        The log directory.
+    database : tvm.s_tir.meta_schedule.Database
+        The best record of each kernel, in memory (building never writes to the log). Use it as
+        a context manager around ``tvm.compile`` with ``MetaScheduleApplyDatabase`` in the
+        pipeline (``tvmamp.pipeline.compile_converted`` does).
+    notes : list of str
+        What a user should know so far: an override, another thread count, another model,
+        defaults kept because they were faster.
+    target : tvm.target.Target
+        The target the model is compiled for.
+    """
+
+    path: str
+    database: object
+    notes: list
+    target: object
+
+    def check_kernels(self, lowered) -> list[str]:
+        """The notes, plus which kernels of ``lowered`` have a record.
+
+        ``lowered`` is the module after the pipeline's phases 1-2 (``front_phases``). Every
+        record that matches a kernel is replayed now, so one that does not apply fails here,
+        with the kernel's name, rather than in the middle of compiling.
+        """
+        return self.notes + _coverage(self.database, lowered, self.target)
+
+
+def open_tuning_log(path, converted, override: bool = False) -> TuningLog:
+    """Open the tuning log in ``path`` for building ``converted``, without lowering it.
+
+    The checks and the arguments are :func:`load_tuning_log`'s; the kernel coverage is left to
+    :meth:`TuningLog.check_kernels`, which ``tvmamp.build`` hands to
+    ``tvmamp.pipeline.compile_converted`` so that the module is lowered once.
+    """
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        raise FileNotFoundError(
+            f"{COMPONENT}: tuning log {path!r} is not a directory; "
+            "create one with tvmamp.tune(..., work_dir=...)"
+        )
+    manifest = read_manifest(path, COMPONENT)
+    mismatches, notes = compare(manifest, converted)
+    if mismatches and not override:
+        raise ValueError(
+            f"{COMPONENT}: tuning log {path!r} was made for another configuration: "
+            f"{'; '.join(mismatches)}. Tune for this one, or pass tuning_log_override=True "
+            "to apply it anyway"
+        )
+    notes = [f"override: log applied although {m}" for m in mismatches] + notes
+    scan = logfile.check_complete(path, COMPONENT)
+    register_log_intrinsics(path)
+    _check_record_targets(path, manifest, scan)
+    database, kept = _best_records(path, manifest)
+    return TuningLog(path, database, notes + kept, converted.target)
+
+
 def load_tuning_log(path, converted, override: bool = False):
-    """Open the tuning log in ``path`` for building ``converted``.
+    """Open the tuning log in ``path`` for building ``converted``, and check its coverage.
 
     Parameters
     ----------
     path : str or os.PathLike
         A directory written by ``tvmamp.tune``.
-    converted : tvmamp.build.Converted
-        The converted model about to be compiled.
+    converted : tvmamp.Converted
+        The converted model about to be compiled (``tvmamp.convert``).
     override : bool
         Apply a log made for another target, level or dtype anyway (its kernels are still
         applied only where they match the graph's kernels exactly).
@@ -46,26 +110,8 @@ def load_tuning_log(path, converted, override: bool = False):
         The log was made for another target, level or dtype (without ``override``), or a file
         is corrupt or truncated, or a record does not apply to the kernel it names.
     """
-    path = os.fspath(path)
-    if not os.path.isdir(path):
-        raise FileNotFoundError(
-            f"{COMPONENT}: tuning log {path!r} is not a directory; "
-            "create one with tvmamp.tune(..., work_dir=...)"
-        )
-    manifest = read_manifest(path, COMPONENT)
-    mismatches, notes = compare(manifest, converted)
-    if mismatches and not override:
-        raise ValueError(
-            f"{COMPONENT}: tuning log {path!r} was made for another configuration: "
-            f"{'; '.join(mismatches)}. Tune for this one, or pass tuning_log_override=True "
-            "to apply it anyway"
-        )
-    notes = [f"override: log applied although {m}" for m in mismatches] + notes
-    scan = logfile.check_complete(path, COMPONENT)
-    register_log_intrinsics(path)
-    _check_record_targets(path, manifest, scan)
-    database, kept = _best_records(path, manifest)
-    return database, notes + kept + _coverage(database, converted)
+    log = open_tuning_log(path, converted, override)
+    return log.database, log.check_kernels(lower_for_tuning(converted))
 
 
 def _check_record_targets(path: str, manifest: Manifest, scan) -> None:
@@ -127,18 +173,17 @@ def _open_json_database(path: str):
         ) from None
 
 
-def _coverage(database, converted) -> list[str]:
-    """Replay the record of every kernel now, so a bad one fails here with its name."""
+def _coverage(database, lowered, target) -> list[str]:
+    """Replay the record of every kernel of ``lowered`` now, so a bad one fails with its name."""
     from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
 
-    lowered = lower_for_tuning(converted)
     applied, missing = [], []
     for gv, func in lowered.functions_items():
         if not isinstance(func, tirx.PrimFunc) or func.attrs.get("tirx.is_scheduled", False):
             continue
         name = gv.name_hint
         try:
-            found = database.query_schedule(_normalize_mod(func), converted.target, name)
+            found = database.query_schedule(_normalize_mod(func), target, name)
         except (RuntimeError, ValueError, TypeError) as err:  # TVM errors derive from these
             raise ValueError(
                 f"{COMPONENT}: the tuning log's record for kernel {name!r} does not apply: "

@@ -45,7 +45,7 @@ def model_hash(mod: tvm.IRModule) -> str:
 
 
 def make_manifest(converted, tasks, trials: int) -> Manifest:
-    """The manifest for tuning ``converted`` (a ``tvmamp.build.Converted``)."""
+    """The manifest for tuning ``converted`` (a ``tvmamp.Converted``)."""
     import tvmamp
 
     digest = model_hash(converted.mod)

@@ -8,8 +8,8 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.runner import RunnerResult
 
 from .baseline import measure_default
-from .bf16_gemm import BF16_SPACE, bf16_context, decision_of
 from .callbacks import RecordAndReport, SkipMeasuredBuilder, module_key
+from .grid_search import decision_of, grid_context
 from .intrinsics import register_log_intrinsics
 from .progress import Progress
 
@@ -72,12 +72,12 @@ class Session:
     def _prepare(self, task, progress) -> tuple:
         """The task's TuneContext, told what the log measured before, and its measure callback.
 
-        The cost model only guides the evolutionary search: the bf16 space is enumerated, so
-        its tasks neither train nor use it.
+        The cost model only guides the evolutionary search: a target's own space is enumerated,
+        so its tasks neither train nor use it.
         """
-        done: set = set()  # the bf16 space's decisions measured so far
+        done: set = set()  # the enumerated space's decisions measured so far
         ctx = make_context(task, self.target, self.options, done)
-        if task.space == BF16_SPACE:
+        if task.space_generator is not None:
             done.update(decision_of(r.trace) for r in self._records(ctx))
             return ctx, RecordAndReport(self.database, None, progress)
         self._warm_up(ctx)
@@ -123,12 +123,13 @@ class Session:
 def make_context(task, target, options, done: set | None = None) -> ms.TuneContext:
     """meta_schedule's TuneContext for one task, in the task's design space.
 
-    bf16 GEMM tasks (``task.space == "bf16-gemm"``) get tvmamp's vdpbf16ps/AMX configurations,
-    each measured once (``done``: the decisions measured before, not proposed again); the
-    others TVM's post-order-apply space with evolutionary search.
+    Tasks in their target's own space (``task.space_generator``, e.g. the bf16 GEMM space of
+    CPUs with avx512_bf16) get its configurations, each measured once (``done``: the decisions
+    measured before, not proposed again); the others TVM's post-order-apply space with
+    evolutionary search.
     """
-    if task.space == BF16_SPACE:
-        return bf16_context(task, target, options, done)
+    if task.space_generator is not None:
+        return grid_context(task, target, options, done)
     population = options.population_size or min(512, max(64, 8 * task.trials))
     strategy = ms.search_strategy.EvolutionarySearch(population_size=population)
     return ms.TuneContext(

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import json
+from collections.abc import Callable
 
 import tvm
 
-# GPU limits meta_schedule's CUDA rules need and plain "cuda -arch=sm_XY" targets lack: the
-# values every NVIDIA GPU since sm_30 supports (48 KB is the most without opt-in shared memory).
-GPU_LIMITS = {"max_threads_per_block": 1024, "max_shared_memory_per_block": 49152}
+from tvmamp.pipeline import run_front_phases
+from tvmamp.targets import DEFAULT_SPACE
 
 
 @dataclasses.dataclass
@@ -31,11 +30,15 @@ class Task:
     trials : int
         The trials this task gets out of the total budget.
     space : str
-        Its design space: "post-order-apply" (meta_schedule's rules, evolutionary search) or
-        "bf16-gemm" (tvmamp's vdpbf16ps/AMX configurations, each measured once).
+        Its design space's name, from the target entry's ``design_space``: "post-order-apply"
+        (meta_schedule's rules, evolutionary search) or the target's own ("bf16-gemm": tvmamp's
+        vdpbf16ps/AMX configurations on CPUs with avx512_bf16).
     space_size : int or None
         How many distinct candidates the space holds when that is known (the most trials the
         task can use), else None.
+    space_generator : callable or None
+        ``(target) -> meta_schedule SpaceGenerator`` of the target's own space, whose
+        configurations are each measured once; None for meta_schedule's space.
     """
 
     name: str
@@ -44,31 +47,23 @@ class Task:
     flops: float
     workload: str
     trials: int = 0
-    space: str = "post-order-apply"
+    space: str = DEFAULT_SPACE.name
     space_size: int | None = None
+    space_generator: Callable | None = None
 
 
 def lower_for_tuning(converted) -> tvm.IRModule:
-    """Run the phases of ``tvmamp.build`` that come before scheduling (partition, legalize, fuse).
-
-    The kernels meta_schedule tunes are then exactly those ``build`` will look up in the log.
-    """
-    from tvmamp.build import front_phases
-
-    target, entry = converted.target, converted.entry
-    with target:
-        passes = front_phases(target, entry, converted.policy)
-        return tvm.transform.Sequential(passes)(converted.mod)
+    """``tvmamp.pipeline.run_front_phases``: the phases before scheduling (partition, legalize,
+    fuse), so the kernels meta_schedule tunes are exactly those a build looks up in the log."""
+    return run_front_phases(converted)
 
 
 def extract_tasks(converted) -> list[Task]:
-    """The kernels of the lowered graph, in TVM's order, with their FLOPs."""
+    """The kernels of the lowered graph, in TVM's order, with their FLOPs and design spaces."""
     from tvm.s_tir import meta_schedule as ms
     from tvm.s_tir.analysis import estimate_tir_flops
 
-    from .bf16_gemm import classify
-
-    lowered = lower_for_tuning(converted)
+    lowered = run_front_phases(converted)  # the kernels a build looks up in the log
     tasks = []
     for task in ms.relax_integration.extract_tasks(lowered, converted.target):
         mod = task.dispatched[0]
@@ -76,9 +71,11 @@ def extract_tasks(converted) -> list[Task]:
             continue  # already scheduled by the target's partition phase
         flops = float(estimate_tir_flops(mod)) * int(task.weight)
         workload = str(ms.database.Workload(mod).as_json()[0])
-        space, size = classify(mod, converted.target)
+        space = converted.entry.design_space(mod, converted.target)
         name, weight = str(task.task_name), int(task.weight)
-        tasks.append(Task(name, mod, weight, flops, workload, space=space, space_size=size))
+        tasks.append(
+            Task(name, mod, weight, flops, workload, 0, space.name, space.size, space.generator)
+        )
     return tasks
 
 
@@ -119,17 +116,3 @@ def _largest_remainder(weights: list[float], total: int) -> list[int]:
     for i in by_remainder[: total - sum(shares)]:
         shares[i] += 1
     return shares
-
-
-def tuning_target(target: tvm.target.Target) -> tuple[tvm.target.Target, list[str]]:
-    """The target meta_schedule tunes for: ``target`` plus GPU limits it may lack, and a note."""
-    if target.kind.name != "cuda":
-        return target, []
-    spec = json.loads(str(target))
-    missing = {k: v for k, v in GPU_LIMITS.items() if k not in spec}
-    if not missing:
-        return target, []
-    spec.update(missing)
-    assumed = ", ".join(f"{k}={v}" for k, v in missing.items())
-    note = f"tuned assuming {assumed}; name the GPU (e.g. nvidia/a100) for its exact limits"
-    return tvm.target.Target(spec), [note]

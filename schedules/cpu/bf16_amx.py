@@ -1,0 +1,123 @@
+"""Blocking of a prepared bf16 gemm block onto the AMX micro-kernel of ``x86/amx_intrin.py``."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tvm import s_tir
+from tvm.s_tir.schedule import SBlockRV
+from tvm.target import Target
+
+from ..x86 import amx_intrin
+from .common import inline_epilogue, largest_divisor, use_parallel
+
+TILE_ROWS = 16  # rows of one A tile
+TILE_K = amx_intrin.K_STEP  # bf16 values of K in one A tile row (64 bytes)
+
+
+@dataclass
+class AMXPlan:
+    """Cache blocking of one ``[S, I, J, K]`` gemm for the AMX kernel.
+
+    Attributes
+    ----------
+    n_block : int
+        Columns per outer block: its ``K x n_block`` packed weight slice stays in L2 while
+        every 32-row block of ``A`` walks it (the ``A`` block then stays in L1).
+    k_block : int
+        Reduction values per kernel call. When it is shorter than ``K`` the fp32 block of
+        ``I x n_block`` accumulates in memory across the ``K`` blocks.
+    k_padded : int
+        ``K`` padded to whole ``k_block``.
+    """
+
+    n_block: int
+    k_block: int
+    k_padded: int
+
+    @property
+    def k_blocked(self) -> bool:
+        return self.k_block < self.k_padded
+
+
+def make_plan(extents: list[int], n_block: int, k_block: int) -> AMXPlan:
+    """Choose the blocks for ``extents = [S, I, J, K]`` and the ``n_block``/``k_block`` bounds.
+
+    ``K`` is cut into the fewest blocks of at most ``k_block`` values, balanced so that padding
+    ``K`` to whole blocks adds less than one 32-step per block; the column block is the largest
+    number of 32-column panels that divides the padded ``J`` and fits ``n_block``.
+    """
+    for name, value in (("amx_n_block", n_block), ("amx_k_block", k_block)):
+        if value < amx_intrin.COLS or value % amx_intrin.COLS:
+            raise ValueError(f"tvmamp.schedules: {name}={value} is not a positive multiple of 32")
+    steps = -(-extents[3] // TILE_K)
+    blocks = -(-steps // (k_block // TILE_K))
+    block_steps = -(-steps // blocks)
+    panels = -(-extents[2] // amx_intrin.COLS)
+    n_panels = largest_divisor(panels, n_block // amx_intrin.COLS)
+    return AMXPlan(
+        n_block=n_panels * amx_intrin.COLS,
+        k_block=block_steps * TILE_K,
+        k_padded=blocks * block_steps * TILE_K,
+    )
+
+
+def padding(plan: AMXPlan) -> list[int]:
+    """Return the ``pad_einsum`` factors of ``[S, I, J, K]`` for the AMX kernel."""
+    return [1, amx_intrin.ROWS, amx_intrin.COLS, plan.k_block]
+
+
+def pack_tiles(sch: s_tir.Schedule, pack: SBlockRV) -> None:
+    """Lay ``A[S, I, K]`` out as ``[S, I / 16, K / 32, 16, 32]``: contiguous 1 KB AMX tiles."""
+    sch.transform_layout(
+        pack,
+        ("write", 0),
+        lambda s, i, k: (s, i // TILE_ROWS, k // TILE_K, i % TILE_ROWS, k % TILE_K),
+    )
+    i, k = sch.get_loops(pack)[-2:]
+    i_outer, i_row = sch.split(i, [None, TILE_ROWS])
+    k_outer, k_col = sch.split(k, [None, TILE_K])
+    sch.reorder(i_outer, k_outer, i_row, k_col)
+    sch.vectorize(k_col)
+
+
+def schedule(sch: s_tir.Schedule, main: SBlockRV, target: Target, plan: AMXPlan) -> None:
+    """Block ``main`` (padded ``[S, I, J, K]``) and tensorize its 32 x 32 x ``k_block`` tiles.
+
+    The loops are ``(S * J / n_block, K / k_block, I / 32, n_block / 32)`` outside the kernel:
+    each 32-row block of ``A`` is reused across ``n_block`` columns while the weight slice stays
+    in cache. Without ``K`` blocking each 32 x 32 fp32 block is a ``local`` buffer; with it, an
+    ``I x n_block`` buffer accumulates across the ``K`` blocks. The epilogue is fused into
+    whichever holds the result.
+    """
+    extents = [int(iv.dom.extent) for iv in sch.get(main).iter_vars]
+    s, i, j, k = sch.get_loops(main)
+    j_outer, j_mid, j_inner = sch.split(j, [None, plan.n_block // amx_intrin.COLS, amx_intrin.COLS])
+    i_outer, i_inner = sch.split(i, [None, amx_intrin.ROWS])
+    if plan.k_blocked:
+        k_outer, k = sch.split(k, [None, plan.k_block])
+        sch.reorder(s, j_outer, k_outer, i_outer, j_mid, i_inner, j_inner, k)
+    else:
+        sch.reorder(s, j_outer, i_outer, j_mid, i_inner, j_inner, k)
+    outer = sch.fuse(s, j_outer)
+    scope = "global" if plan.k_blocked else "local"
+    acc = sch.cache_write(main, 0, scope)
+    sch.reverse_compute_at(acc, outer if plan.k_blocked else j_mid, preserve_unit_loops=True)
+    inline_epilogue(sch, acc)
+    _vectorize_16_lanes(sch, acc)
+    if use_parallel(target, math.prod(extents)):
+        sch.parallel(outer)
+    init = sch.decompose_reduction(main, k_outer if plan.k_blocked else i_inner)
+    _vectorize_16_lanes(sch, init)
+    sch.tensorize(i_inner, amx_intrin.amx_intrin(plan.k_block, scope))
+    sch.annotate(outer, "pragma_import_llvm", amx_intrin.AMX_LLVM_IR)
+
+
+def _vectorize_16_lanes(sch: s_tir.Schedule, block: SBlockRV) -> None:
+    """Vectorise the column loop of a fp32 block in 16-lane vectors."""
+    col = sch.get_loops(block)[-1]
+    extent = int(sch.get(col).extent)
+    if extent > TILE_ROWS and extent % TILE_ROWS == 0:
+        col = sch.split(col, [None, TILE_ROWS])[-1]
+    sch.vectorize(col)

@@ -1,0 +1,147 @@
+"""Helpers shared by the bf16 CPU rules: feature gating, dtype checks and pre-processing blocks.
+
+TVM promotes every bf16 buffer allocated inside a kernel to fp32 (``BF16ComputeLegalize``),
+so the packed and padded bf16 operands that ``vdpbf16ps`` reads cannot live inside the kernel.
+The rules mark the blocks that produce them with :data:`PREPROC`; the pass
+``relax.transform.SplitLayoutRewritePreproc`` moves each into its own function whose output is
+a bf16 tensor of the Relax program, and ``FoldConstant`` then evaluates the ones that only read
+weights at compile time. :func:`tvmamp.schedules.cpu.cpu_schedule_passes` runs both.
+"""
+
+from __future__ import annotations
+
+from tvm import s_tir, tirx
+from tvm.s_tir import TensorIntrin
+from tvm.s_tir.dlight.analysis import get_root_block
+from tvm.s_tir.schedule import SBlockRV
+from tvm.script import tirx as T
+from tvm.target import Target
+from tvm.target.codegen import llvm_cpu_has_features
+
+from .matmul_analysis import iter_kinds
+
+# The annotation SplitLayoutRewritePreproc looks for.
+PREPROC = "meta_schedule.layout_rewrite_preproc"
+# Pre-processing of activations, split out only after the weight packing has been folded:
+# SplitLayoutRewritePreproc puts all marked blocks of a kernel into one function, which
+# FoldConstant could not evaluate if it also read an activation.
+PREPROC_ACTIVATION = "tvmamp.preproc_activation"
+# A weight-packing block whose loops are (K / 2, J / 32, 32, 2): tensorized with
+# PACK_PAIRS_INTRIN after it is split out (SplitLayoutRewritePreproc rejects tensorized blocks).
+PACK_PAIRS = "tvmamp.pack_pairs"
+
+
+def has_avx512bf16(target: Target) -> bool:
+    """Return whether the LLVM ``target`` executes ``vdpbf16ps`` (avx512_bf16)."""
+    try:
+        return bool(llvm_cpu_has_features(["avx512bf16"], target))
+    except (RuntimeError, ValueError):  # targets without x86 features
+        return False
+
+
+def has_amx_bf16(target: Target) -> bool:
+    """Return whether the LLVM ``target`` has AMX tiles with bf16 (``tdpbf16ps``)."""
+    try:
+        return bool(llvm_cpu_has_features(["amx-tile", "amx-bf16"], target))
+    except (RuntimeError, ValueError):
+        return False
+
+
+def is_bf16_matmul(block: s_tir.SBlock) -> bool:
+    """Return whether ``block`` reads two bf16 buffers and accumulates into fp32."""
+    reads = [str(r.source.dtype) for r in block.reads]
+    return reads == ["bfloat16", "bfloat16"] and str(block.writes[0].source.dtype) == "float32"
+
+
+def k_is_innermost(block: s_tir.SBlock, read: int) -> bool:
+    """Return whether the last index of ``block.reads[read]`` is a reduction iterator."""
+    kinds = iter_kinds(block)
+    last = block.reads[read].region[-1].min
+    return (
+        isinstance(last, tirx.Var)
+        and kinds.get(last) is not None
+        and last in {iv.var for iv in block.iter_vars if iv.iter_type == tirx.IterVar.CommReduce}
+    )
+
+
+def mark_preproc(sch: s_tir.Schedule, block: SBlockRV, weight: bool = True) -> None:
+    """Mark ``block`` to be split into its own pre-processing function.
+
+    ``weight=False`` marks a block that reads activations; it is split out in a second round,
+    after the weight packing has been folded (see :func:`.bf16_passes.SplitPreproc`).
+    """
+    sch.annotate(block, PREPROC if weight else PREPROC_ACTIVATION, True)
+
+
+def reads_only_params(sch: s_tir.Schedule, block: SBlockRV) -> bool:
+    """Return whether every buffer ``block`` reads is a parameter of the function."""
+    params = [p for p in sch.mod["main"].params if isinstance(p, tirx.Buffer)]
+    return all(any(r.source.same_as(p) for p in params) for r in sch.get(block).reads)
+
+
+def root_blocks(sch: s_tir.Schedule) -> list[SBlockRV]:
+    """Return the blocks directly under the function's root block."""
+    return list(sch.get_child_blocks(get_root_block(sch)))
+
+
+# Two rows of 32 bf16 -> two 16-column panels of pairs: one pair-interleaving step of the weight
+# packing, as two 64-byte loads, two shuffles and two 64-byte stores.
+PACK_PAIRS_INTRIN = "tvmamp_x86_pack_pairs_2x32"
+_PACK_LO = ", ".join(f"i32 {j}, i32 {j + 32}" for j in range(16))
+_PACK_HI = ", ".join(f"i32 {j}, i32 {j + 32}" for j in range(16, 32))
+PACK_PAIRS_LLVM_IR = f"""
+define linkonce_odr void @tvmamp_pack_pairs_2x32(ptr %d, i64 %ldd, ptr %s, i64 %lds) #0 {{
+  %s1 = getelementptr i8, ptr %s, i64 %lds
+  %d1 = getelementptr i8, ptr %d, i64 %ldd
+  %r0 = load <32 x i16>, ptr %s, align 2
+  %r1 = load <32 x i16>, ptr %s1, align 2
+  %lo = shufflevector <32 x i16> %r0, <32 x i16> %r1, <32 x i32> <{_PACK_LO}>
+  %hi = shufflevector <32 x i16> %r0, <32 x i16> %r1, <32 x i32> <{_PACK_HI}>
+  store <32 x i16> %lo, ptr %d, align 2
+  store <32 x i16> %hi, ptr %d1, align 2
+  ret void
+}}
+
+attributes #0 = {{ alwaysinline nounwind }}
+"""
+
+
+@T.prim_func(s_tir=True)
+def _pack_pairs_desc(s: T.handle, d: T.handle) -> None:
+    S = T.match_buffer(s, (2, 32), "bfloat16", offset_factor=1, strides=[T.int64(), 1])
+    D = T.match_buffer(d, (2, 1, 16, 2), "bfloat16", offset_factor=1, strides=[T.int64(), 32, 2, 1])
+    with T.sblock("root"):
+        T.reads(S[0:2, 0:32])
+        T.writes(D[0:2, 0:1, 0:16, 0:2])
+        for j, k in T.grid(32, 2):
+            with T.sblock("pack"):
+                vj, vk = T.axis.remap("SS", [j, k])
+                D[vj // 16, vk // 2, vj % 16, vk % 2] = S[vk, vj]
+
+
+@T.prim_func(s_tir=True)
+def _pack_pairs_impl(s: T.handle, d: T.handle) -> None:
+    lds = T.int64()
+    ldd = T.int64()
+    S = T.match_buffer(s, (2, 32), "bfloat16", offset_factor=1, strides=[lds, 1])
+    D = T.match_buffer(d, (2, 1, 16, 2), "bfloat16", offset_factor=1, strides=[ldd, 32, 2, 1])
+    with T.sblock("root"):
+        T.reads(S[0:2, 0:32])
+        T.writes(D[0:2, 0:1, 0:16, 0:2])
+        T.evaluate(
+            T.call_extern(
+                "void",
+                "tvmamp_pack_pairs_2x32",
+                T.address_of(D[0, 0, 0, 0]),
+                ldd * 2,
+                T.address_of(S[0, 0]),
+                lds * 2,
+            )
+        )
+
+
+def pack_pairs_intrin() -> str:
+    """Register (once) and return the weight-packing intrinsic: 2 rows x 32 columns."""
+    if TensorIntrin.get(PACK_PAIRS_INTRIN, allow_missing=True) is None:
+        TensorIntrin.register(PACK_PAIRS_INTRIN, _pack_pairs_desc, _pack_pairs_impl)
+    return PACK_PAIRS_INTRIN

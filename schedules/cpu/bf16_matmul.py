@@ -1,0 +1,287 @@
+"""bf16 matmul, dense and batch-matmul on ``vdpbf16ps`` with pair-interleaved packed weights."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import tvm
+from tvm import s_tir, tirx
+from tvm.s_tir.dlight.gpu.matmul import auto_inline_producers
+from tvm.s_tir.schedule import SBlockRV, ScheduleError
+from tvm.target import Target
+
+from ..x86 import bf16_intrin as intrin
+from . import bf16_amx as amx
+from .bf16_common import (
+    PACK_PAIRS,
+    PREPROC,
+    has_amx_bf16,
+    has_avx512bf16,
+    is_bf16_matmul,
+    k_is_innermost,
+    mark_preproc,
+    reads_only_params,
+)
+from .bf16_conv import find_conv_gemm, has_gather
+from .common import CPURule, NotApplicable, inline_epilogue, use_parallel, vectorize_tile
+from .matmul_analysis import find_matmul_block, normalize
+
+
+class CPUMatmulBF16(CPURule):
+    """``C[S, I, J] += A[S, I, K] * B[S, J, K]`` with bf16 ``A``, ``B`` and fp32 ``C``.
+
+    ``B`` is packed to ``[S, J / 16, K / 2, 16, 2]`` (the pair-interleaved layout of
+    ``vdpbf16ps``) by a separate pre-processing function: ``SplitLayoutRewritePreproc`` splits
+    it out and ``FoldConstant`` runs it at compile time when ``B`` is a weight. ``I`` is padded
+    to whole row tiles, ``J`` to whole vectors and ``K`` to pairs; a padded (or transposed)
+    ``A`` is copied by another pre-processing function. Each ``tile_i x 16 * vectors_j``
+    accumulator tile is a ``local`` buffer held in zmm registers and the fused epilogue runs on
+    it. Only targets with avx512_bf16; static shapes.
+    """
+
+    @dataclass
+    class Config:
+        """Tile sizes (the knobs meta_schedule may tune, see :mod:`.bf16_tuning`).
+
+        Attributes
+        ----------
+        tile_i : int
+            Rows of the register tile (unrolled); ``tile_i * vectors_j`` accumulators.
+        vectors_j : int
+            Columns of the register tile, in 16-lane fp32 vectors.
+        gemv_rows : int
+            At most this many rows (batch 1, GEMV) are not padded: the tile takes all rows
+            and ``gemv_vectors_j`` vectors, streaming the weight once.
+        gemv_vectors_j : int
+            Columns of the register tile for GEMV-like shapes, in vectors.
+        amx : bool
+            Use the AMX kernel (:mod:`tvmamp.schedules.x86.amx_intrin`) where the target has
+            AMX-BF16.
+        amx_min_rows : int
+            Fewest rows for which the AMX kernel is used (it pads rows to 32).
+        amx_n_block : int
+            AMX: columns (a multiple of 32) whose packed weight slice stays in cache while
+            every 32-row block of the activation walks it.
+        amx_k_block : int
+            AMX: reduction values (a multiple of 32) per kernel call; a longer ``K`` is cut
+            into blocks that accumulate in memory.
+        """
+
+        tile_i: int = 8
+        vectors_j: int = 2
+        gemv_rows: int = 4
+        gemv_vectors_j: int = 4
+        amx: bool = True
+        amx_min_rows: int = 32
+        amx_n_block: int = 512
+        amx_k_block: int = 1024
+
+    # The generic rule (widen + FMA) schedules what this rule gives up on.
+    DOES_NOT_FIT = (ScheduleError, tvm.error.InternalError)
+
+    def __init__(self, config: Config | None = None):
+        self.config = config or self.Config()
+
+    def is_target_available(self, target: Target) -> bool:
+        """Return whether ``target`` is an LLVM target with avx512_bf16."""
+        return super().is_target_available(target) and has_avx512bf16(target)
+
+    def apply(  # pylint: disable=missing-function-docstring
+        self, func: tirx.PrimFunc, target: Target, _: bool
+    ) -> s_tir.Schedule | None:
+        return self.schedule_block(
+            func,
+            target,
+            _bf16_gemm,
+            lambda sch, main: schedule_matmul(sch, main, target, self.config),
+        )
+
+
+def _bf16_gemm(sch: s_tir.Schedule) -> SBlockRV | None:
+    """The bf16 x bf16 -> fp32 gemm block of ``sch``, or None."""
+    main = find_gemm(sch)
+    return main if main is not None and is_bf16_matmul(sch.get(main)) else None
+
+
+def find_gemm(sch: s_tir.Schedule) -> SBlockRV | None:
+    """Return the gemm block this rule schedules: that of a matmul or of a conv GEMM kernel.
+
+    A conv GEMM's im2col gather stays a producer (:func:`.bf16_conv.find_conv_gemm`), to be
+    inlined into the copy of ``A`` by :func:`prepare`; other producers are inlined into the gemm.
+    """
+    return find_conv_gemm(sch) if has_gather(sch) else find_matmul_block(sch)
+
+
+@dataclass
+class Plan:
+    """Tile sizes of one normalised bf16 matmul ``[S, I, J, K]``."""
+
+    extents: list[int]
+    tile_i: int
+    tile_j: int
+
+    @property
+    def padding(self) -> list[int]:
+        """The ``pad_einsum`` factors: whole row tiles, whole column tiles, ``K`` pairs."""
+        return [1, self.tile_i, self.tile_j, intrin.PAIR]
+
+    @property
+    def needs_padding(self) -> bool:
+        return any(e % p for e, p in zip(self.extents, self.padding, strict=True))
+
+
+def make_plan(extents: list[int], config: CPUMatmulBF16.Config) -> Plan:
+    """Choose the register tile for ``extents = [S, I, J, K]``."""
+    rows = extents[1]
+    gemv = rows <= config.gemv_rows
+    vectors = config.gemv_vectors_j if gemv else config.vectors_j
+    while vectors > 1 and intrin.LANES * (vectors // 2) >= extents[2]:
+        vectors //= 2
+    tile_i = rows if gemv else min(config.tile_i, rows)
+    return Plan(extents=extents, tile_i=tile_i, tile_j=intrin.LANES * vectors)
+
+
+def schedule_matmul(
+    sch: s_tir.Schedule, main: SBlockRV, target: Target, config: CPUMatmulBF16.Config
+) -> None:
+    """Pack, pad, tile and tensorize the bf16 gemm block ``main`` in place."""
+    a_contiguous = k_is_innermost(sch.get(main), 0)
+    normalize(sch, main)
+    extents = [int(iv.dom.extent) for iv in sch.get(main).iter_vars]
+    if use_amx(target, extents, config):
+        plan = amx.make_plan(extents, config.amx_n_block, config.amx_k_block)
+        prepare(sch, main, target, amx.padding(plan), a_contiguous, pack_a=amx.pack_tiles)
+        amx.schedule(sch, main, target, plan)
+        return
+    plan = make_plan(extents, config)
+    prepare(sch, main, target, plan.padding, a_contiguous)
+    outer, row_tile, k_outer, lanes = _tile(sch, main, plan)
+    acc = sch.cache_write(main, 0, "local")
+    sch.reverse_compute_at(acc, row_tile, preserve_unit_loops=True)
+    inline_epilogue(sch, acc)
+    vectorize_tile(sch, acc)
+    if use_parallel(target, math.prod(plan.extents)):
+        sch.parallel(outer)  # before decompose_reduction, which breaks the check
+    init = sch.decompose_reduction(main, k_outer)
+    vectorize_tile(sch, init)
+    sch.tensorize(lanes, intrin.DPBF16PS_INTRIN)
+    intrin.import_helpers(sch, outer)
+
+
+def use_amx(target: Target, extents: list[int], config: CPUMatmulBF16.Config) -> bool:
+    """Return whether to use the AMX kernel: the target has it and there are enough rows."""
+    return config.amx and has_amx_bf16(target) and extents[1] >= config.amx_min_rows
+
+
+def prepare(
+    sch: s_tir.Schedule,
+    main: SBlockRV,
+    target: Target,
+    padding: list[int],
+    a_contiguous: bool,
+    pack_a=None,
+) -> list[int]:
+    """Pad the normalised block ``main`` by ``padding`` and pack ``B`` into pairs.
+
+    ``A`` is read in place when it is K-contiguous and needs no padding; otherwise a padded
+    copy is made by an activation pre-processing block. ``pack_a(sch, block)``, if given,
+    always packs ``A`` in that block instead (the AMX tile layout). A producer of ``A`` (the
+    im2col gather of a conv) is inlined into that copy, which then is the only one. Returns the
+    padded extents.
+    """
+    extents = [int(iv.dom.extent) for iv in sch.get(main).iter_vars]
+    if any(e % p for e, p in zip(extents, padding, strict=True)):
+        sch.pad_einsum(main, padding)
+    reindex_a, reindex_b = sch.get_producers(main)
+    gathered = bool(sch.get_producers(reindex_a))
+    for block in (reindex_a, reindex_b):
+        auto_inline_producers(sch, block)
+        if not reads_only_params(sch, block):
+            raise NotApplicable("a packed operand is computed inside the kernel")
+    if pack_a is not None:
+        pack_a(sch, reindex_a)
+        _parallel_outer(sch, reindex_a, target)
+        mark_preproc(sch, reindex_a, weight=False)
+    elif (
+        a_contiguous
+        and not gathered
+        and extents[1] % padding[1] == 0
+        and extents[3] % padding[3] == 0
+    ):
+        sch.compute_inline(reindex_a)
+    else:
+        _copy_rows(sch, reindex_a, target)
+    _pack_pairs(sch, reindex_b, target)
+    return [int(iv.dom.extent) for iv in sch.get(main).iter_vars]
+
+
+def _pack_pairs(sch: s_tir.Schedule, pack: SBlockRV, target: Target) -> None:
+    """Lay ``B[S, J, K]`` out as ``[S, J / 16, K / 2, 16, 2]`` in a pre-processing block.
+
+    With whole 32-column blocks the loops are ``(K / 2, J / 32, 32, 2)`` and the block is marked
+    :data:`.bf16_common.PACK_PAIRS`: :func:`.bf16_passes.tensorize_packs` interleaves
+    every two rows of 32 columns with wide loads and shuffles once the packing is split out.
+    Otherwise the copy loops follow the packed layout, one gathered vector per pair row.
+    """
+    lanes, pair = intrin.LANES, intrin.PAIR
+    sch.transform_layout(
+        pack, ("write", 0), lambda s, j, k: (s, j // lanes, k // pair, j % lanes, k % pair)
+    )
+    j, k = sch.get_loops(pack)[-2:]  # a unit S loop may be absent
+    if int(sch.get(j).extent) % 32 == 0 and int(sch.get(k).extent) % pair == 0:
+        # Tensorized by bf16_passes.SplitPreproc once split out of the kernel.
+        j_outer, j_inner = sch.split(j, [None, 32])
+        k_outer, k_pair = sch.split(k, [None, pair])
+        sch.reorder(k_outer, j_outer, j_inner, k_pair)  # read B row by row
+        sch.annotate(pack, PACK_PAIRS, True)
+    else:
+        j_outer, j_lane = sch.split(j, [None, lanes])
+        k_outer, k_pair = sch.split(k, [None, pair])
+        sch.reorder(j_outer, k_outer, j_lane, k_pair)
+        sch.vectorize(sch.fuse(j_lane, k_pair))
+    _parallel_outer(sch, pack, target)
+    mark_preproc(sch, pack)
+
+
+def _copy_rows(sch: s_tir.Schedule, copy: SBlockRV, target: Target) -> None:
+    """Vectorise the padded copy of ``A[S, I, K]`` along ``K`` (an activation pre-process).
+
+    The vectors are 64 bytes (32 bf16) where ``K`` allows, else 32 bytes: a conv's gather
+    (inlined here) then copies whole channel vectors of a tap.
+    """
+    inner = sch.get_loops(copy)[-1]
+    extent = int(sch.get(inner).extent)
+    width = next((w for w in (2 * intrin.LANES, intrin.LANES) if extent % w == 0), None)
+    if width is not None and width < extent:
+        inner = sch.split(inner, [None, width])[-1]
+    sch.vectorize(inner)
+    _parallel_outer(sch, copy, target)
+    mark_preproc(sch, copy, weight=False)
+
+
+def _parallel_outer(sch: s_tir.Schedule, block: SBlockRV, target: Target) -> None:
+    """Run the two outermost loops of a copy block in parallel when it is large enough."""
+    loops = sch.get_loops(block)
+    work = math.prod(int(sch.get(loop).extent) for loop in loops)
+    if use_parallel(target, work):
+        sch.parallel(sch.fuse(*loops[:2]))
+
+
+def _tile(sch: s_tir.Schedule, main: SBlockRV, plan: Plan) -> tuple:
+    """Order the loops ``(S * J / tj, I / ti, K / 2, ti, tj / 16, 16, 2)``.
+
+    Returns the fused outer loop, the row-tile loop, the pair loop and the 16-lane loop that
+    the intrinsic replaces.
+    """
+    s, i, j, k = sch.get_loops(main)
+    i_outer, i_inner = sch.split(i, [None, plan.tile_i])
+    j_outer, j_vec, j_lane = sch.split(j, [None, plan.tile_j // intrin.LANES, intrin.LANES])
+    k_outer, k_pair = sch.split(k, [None, intrin.PAIR])
+    sch.reorder(s, j_outer, i_outer, k_outer, i_inner, j_vec, j_lane, k_pair)
+    sch.unroll(i_inner)
+    sch.unroll(j_vec)
+    return sch.fuse(s, j_outer), i_outer, k_outer, j_lane
+
+
+__all__ = ["PREPROC", "CPUMatmulBF16", "find_gemm", "make_plan", "prepare", "schedule_matmul"]

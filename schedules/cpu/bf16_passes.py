@@ -1,0 +1,94 @@
+"""Passes that move the bf16 rules' packing out of the kernels (weights: to compile time)."""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax, s_tir, tirx
+
+from .bf16_common import (
+    PACK_PAIRS,
+    PACK_PAIRS_LLVM_IR,
+    PREPROC,
+    PREPROC_ACTIVATION,
+    pack_pairs_intrin,
+    root_blocks,
+)
+
+
+@tvm.transform.module_pass(opt_level=0, name="tvmamp.SplitPreproc")
+class SplitPreproc:
+    """Split the blocks marked by the bf16 rules into their own functions; fold the weight ones.
+
+    Round one splits the weight packing (:data:`PREPROC`) and folds it with ``FoldConstant``
+    where the weight is a constant, so the pair-interleaved weight is computed once, at compile
+    time; before folding, :func:`tensorize_packs` tensorizes the packing loops. Round two
+    splits the activation copies (:data:`PREPROC_ACTIVATION`: padded, transposed or
+    tile-packed left operands), which run on every call. Run it after the schedule rules.
+    """
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        """Split, fold, then split the activation pre-processing."""
+        mod = relax.transform.SplitLayoutRewritePreproc()(mod)
+        mod = tensorize_packs(mod)
+        mod = relax.transform.FoldConstant()(mod)
+        mod = _promote_activation_marks(mod)
+        mod = relax.transform.SplitLayoutRewritePreproc()(mod)
+        return relax.transform.DeadCodeElimination()(mod)
+
+
+def tensorize_packs(mod: tvm.IRModule) -> tvm.IRModule:
+    """Tensorize the :data:`PACK_PAIRS` blocks of every function (vectorise where it fails).
+
+    The intrinsic does not match a padded weight (its reads are guarded) or a ``[J, K]``
+    weight; those blocks get the vectorised gather instead.
+    """
+    updates = {}
+    for gvar, func in mod.functions_items():
+        if isinstance(func, tirx.PrimFunc):
+            sch = s_tir.Schedule(func)
+            marked = [b for b in root_blocks(sch) if PACK_PAIRS in sch.get(b).annotations]
+            for block in marked:
+                _tensorize_pack(sch, block)
+            if marked:
+                updates[gvar] = sch.mod["main"]
+    return _with_functions(mod, updates)
+
+
+def _tensorize_pack(sch: s_tir.Schedule, block) -> None:
+    """Tensorize one marked packing block at its ``(32, 2)`` loops, else vectorise them."""
+    sch.unannotate(block, PACK_PAIRS)
+    loops = sch.get_loops(block)
+    try:
+        trial = sch.copy()  # a failed tensorize must leave no trace in ``sch``
+        trial.tensorize(trial.blockize(loops[-2]), pack_pairs_intrin())
+    except s_tir.schedule.ScheduleError:
+        sch.vectorize(sch.fuse(*loops[-2:]))
+        return
+    sch.tensorize(sch.blockize(loops[-2]), pack_pairs_intrin())
+    sch.annotate(loops[0], "pragma_import_llvm", PACK_PAIRS_LLVM_IR)
+
+
+def _promote_activation_marks(mod: tvm.IRModule) -> tvm.IRModule:
+    """Turn the :data:`PREPROC_ACTIVATION` marks into :data:`PREPROC` marks."""
+    updates = {}
+    for gvar, func in mod.functions_items():
+        if not isinstance(func, tirx.PrimFunc):
+            continue
+        sch = s_tir.Schedule(func)
+        marked = [b for b in root_blocks(sch) if PREPROC_ACTIVATION in sch.get(b).annotations]
+        for block in marked:
+            sch.unannotate(block, PREPROC_ACTIVATION)
+            sch.annotate(block, PREPROC, True)
+        if marked:
+            updates[gvar] = sch.mod["main"]
+    return _with_functions(mod, updates)
+
+
+def _with_functions(mod: tvm.IRModule, updates: dict) -> tvm.IRModule:
+    """Return ``mod`` with the functions in ``updates`` replaced."""
+    if not updates:
+        return mod
+    mod = mod.shallow_copy() if hasattr(mod, "shallow_copy") else tvm.IRModule(mod.functions)
+    for gvar, func in updates.items():
+        mod[gvar] = func
+    return mod

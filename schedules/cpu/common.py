@@ -1,0 +1,237 @@
+"""Shared helpers for the tvmamp CPU schedule rules."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+
+from tvm import DataType, s_tir, tirx
+from tvm.s_tir.dlight.analysis import get_root_block
+from tvm.s_tir.dlight.base import ScheduleRule
+from tvm.s_tir.dlight.gpu.matmul import auto_inline_consumers
+from tvm.s_tir.schedule import ScheduleError
+from tvm.target import Target
+from tvm.target.codegen import target_has_features
+from tvm.tirx.analysis import undefined_vars
+
+# Vector register width in bits, by the widest x86 feature the target has.
+_VECTOR_BITS_BY_FEATURE = (("avx512f", 512), ("avx2", 256), ("avx", 256))
+_DEFAULT_VECTOR_BITS = 128
+# Below this many scalar operations a parallel loop costs more than it saves.
+PARALLEL_MIN_WORK = 1 << 16
+
+logger = logging.getLogger("tvmamp.schedules")
+
+
+class CPURule(ScheduleRule):
+    """Base class of the tvmamp CPU rules: applicable to ``llvm`` targets only."""
+
+    def is_target_available(self, target: Target) -> bool:
+        """Return whether ``target`` is an LLVM (CPU) target."""
+        return target.kind.name == "llvm"
+
+    #: Exceptions that mean the function does not fit this rule after all: ``schedule_block``
+    #: then returns None and the next rule schedules the function.
+    DOES_NOT_FIT: tuple = (ScheduleError,)
+
+    def static_schedule(self, func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+        """A Schedule of ``func`` if this rule may apply: a PrimFunc, this target, static shapes."""
+        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+            return None
+        sch = s_tir.Schedule(func)
+        return sch if all_static(sch) else None
+
+    def schedule_block(
+        self,
+        func: tirx.PrimFunc,
+        target: Target,
+        find: Callable[[s_tir.Schedule], s_tir.schedule.SBlockRV | None],
+        schedule: Callable[[s_tir.Schedule, s_tir.schedule.SBlockRV], None],
+    ) -> s_tir.Schedule | None:
+        """The body of ``apply``: ``schedule`` the block ``find`` returns, or None.
+
+        None when ``func`` is not a static-shape PrimFunc for this target, when ``find`` finds no
+        block, or when scheduling raises ``NotApplicable`` or one of ``DOES_NOT_FIT``.
+        """
+        sch = self.static_schedule(func, target)
+        block = find(sch) if sch is not None else None
+        if block is None:
+            return None
+        try:
+            schedule(sch, block)
+        except (NotApplicable, *self.DOES_NOT_FIT) as err:
+            logger.info("%s left a function to the next rule: %s", type(self).__name__, err)
+            return None
+        return sch
+
+
+def vector_bits(target: Target) -> int:
+    """Return the SIMD register width of ``target`` in bits (128 when unknown).
+
+    Parameters
+    ----------
+    target : Target
+        An ``llvm`` target; ``mcpu`` and ``mattr`` decide the features.
+
+    Returns
+    -------
+    bits : int
+        512 for AVX-512, 256 for AVX/AVX2, otherwise 128.
+    """
+    for feature, bits in _VECTOR_BITS_BY_FEATURE:
+        try:
+            if target_has_features(feature, target):
+                return bits
+        except (RuntimeError, ValueError):  # non-x86 triples know no x86 features
+            return _DEFAULT_VECTOR_BITS
+    return _DEFAULT_VECTOR_BITS
+
+
+def vector_lanes(target: Target, dtype: str = "float32") -> int:
+    """Return how many ``dtype`` elements fit in one SIMD register of ``target``."""
+    return max(1, vector_bits(target) // DataType(dtype).bits)
+
+
+def num_cores(target: Target) -> int:
+    """Return the target's ``num-cores`` attribute (1 when absent)."""
+    cores = target.attrs.get("num-cores", 1)
+    return max(1, int(cores))
+
+
+def use_parallel(target: Target, work: int) -> bool:
+    """Return whether a loop nest doing ``work`` scalar operations should run in parallel."""
+    return num_cores(target) > 1 and work >= PARALLEL_MIN_WORK
+
+
+def static_extent(expr: tirx.PrimExpr) -> int | None:
+    """Return ``expr`` as a Python int when it is a constant, else ``None``."""
+    return int(expr.value) if isinstance(expr, tirx.IntImm) else None
+
+
+def all_static(sch: s_tir.Schedule) -> bool:
+    """Return whether every block iterator of the function has a constant extent."""
+    root = get_root_block(sch)
+    for block in sch.get_child_blocks(root):
+        for iter_var in sch.get(block).iter_vars:
+            if static_extent(iter_var.dom.extent) is None:
+                return False
+    return True
+
+
+def largest_divisor(extent: int, limit: int) -> int:
+    """Return the largest divisor of ``extent`` that is at most ``limit``."""
+    for factor in range(min(extent, limit), 0, -1):
+        if extent % factor == 0:
+            return factor
+    return 1
+
+
+def try_inline_all(sch: s_tir.Schedule, blocks: list[s_tir.schedule.SBlockRV]) -> list:
+    """Inline every block of ``blocks`` that can be inlined; return the rest.
+
+    Each block is tried with ``compute_inline`` then ``reverse_compute_inline``, repeatedly,
+    until no more progress is made.
+    """
+    remaining = list(blocks)
+    progress = True
+    while progress:
+        progress = False
+        for block in list(remaining):
+            for inline in (sch.compute_inline, sch.reverse_compute_inline):
+                try:
+                    inline(block)
+                except ScheduleError:
+                    continue
+                remaining.remove(block)
+                progress = True
+                break
+    return remaining
+
+
+class NotApplicable(Exception):
+    """Raised inside a rule when the function turns out not to fit it; the rule returns None."""
+
+
+def inline_epilogue(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> None:
+    """Inline every consumer chain of ``block`` into it.
+
+    Raises
+    ------
+    NotApplicable
+        When a consumer cannot be inlined (it is not injective).
+    """
+    auto_inline_consumers(sch, block)
+    for _ in range(4):  # inline the consumers' other producers (e.g. ReLU's backward mask)
+        consumers = sch.get_consumers(block)
+        if not consumers:
+            break
+        for consumer in consumers:
+            for producer in sch.get_producers(consumer):
+                if not sch.get(producer).same_as(sch.get(block)):
+                    try:
+                        sch.compute_inline(producer)
+                    except ScheduleError:
+                        pass
+        auto_inline_consumers(sch, block)
+    if sch.get_consumers(block):
+        raise NotApplicable("an epilogue block cannot be inlined")
+
+
+def _reads_transposed(stmt: s_tir.SBlock) -> bool:
+    """Return whether a read of ``stmt`` uses its innermost iterator, but not in its last index."""
+    if not stmt.iter_vars:
+        return False
+    inner = stmt.iter_vars[-1].var
+    for read in stmt.reads:
+        used = [inner in undefined_vars(rng.min) for rng in read.region]
+        if any(used) and not used[-1]:
+            return True
+    return False
+
+
+def vectorize_tile(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> None:
+    """Vectorise the column loop of a ``[.., rows, cols]`` tile block and unroll its rows.
+
+    The register tile of the matmul rules: its accumulator block and, after
+    ``decompose_reduction``, its initialisation.
+    """
+    row, col = sch.get_loops(block)[-2:]
+    sch.vectorize(col)
+    sch.unroll(row)
+
+
+def schedule_injective(
+    sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes: int, parallel: bool
+) -> None:
+    """Vectorise and parallelise a root-level spatial block.
+
+    The innermost loop is split by ``lanes`` when it divides evenly; otherwise all loops are
+    fused and split by the largest divisor of the total that fits in ``lanes``. A block that
+    reads a transposed operand is tiled ``lanes x lanes`` over its two innermost loops. The
+    loops outside the vector are fused and, when ``parallel``, run in parallel.
+    """
+    loops = sch.get_loops(block)
+    extents = [static_extent(sch.get(loop).extent) for loop in loops]
+    square = len(loops) > 1 and extents[-1] % lanes == 0 and extents[-2] % lanes == 0
+    if square and _reads_transposed(sch.get(block)):
+        outer, vec = _tile_square(sch, loops, lanes)
+    elif extents[-1] % lanes == 0:
+        vec_outer, vec = sch.split(loops[-1], [None, lanes])
+        outer = [*loops[:-1], vec_outer]
+    else:
+        factor = largest_divisor(math.prod(extents), lanes)
+        vec_outer, vec = sch.split(sch.fuse(*loops), [None, factor])
+        outer = [vec_outer]
+    sch.vectorize(vec)
+    fused = sch.fuse(*outer)
+    if parallel:
+        sch.parallel(fused)
+
+
+def _tile_square(sch: s_tir.Schedule, loops: list, lanes: int) -> tuple[list, object]:
+    """Tile the two innermost ``loops`` by ``lanes x lanes``; return the outer loops and vector."""
+    row_outer, row_inner = sch.split(loops[-2], [None, lanes])
+    col_outer, vec = sch.split(loops[-1], [None, lanes])
+    sch.reorder(row_outer, col_outer, row_inner, vec)
+    return [*loops[:-2], row_outer, col_outer], vec

@@ -1,0 +1,167 @@
+"""Default CPU schedule for matmul, dense and batch-matmul with fused prologues and epilogues."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tvm import s_tir, tirx
+from tvm.s_tir.dlight.gpu.matmul import auto_inline_producers
+from tvm.s_tir.schedule import LoopRV, SBlockRV
+from tvm.target import Target
+
+from .common import (
+    CPURule,
+    inline_epilogue,
+    largest_divisor,
+    use_parallel,
+    vector_bits,
+    vector_lanes,
+    vectorize_tile,
+)
+from .matmul_analysis import b_is_k_contiguous, find_matmul_block, normalize
+
+
+class CPUMatmul(CPURule):
+    """Register-tiled matmul, normalised to ``C[S, I, J] += A[S, I, K] * B[S, J, K]``.
+
+    ``I`` and ``J`` are padded to whole tiles; ``B`` is packed into ``[S, J / tile_j, K,
+    tile_j]`` panels, one panel per outer ``J`` iteration so that it stays in L2; each
+    ``tile_i x tile_j`` accumulator lives in a ``local`` buffer that LLVM keeps in vector
+    registers; the fused epilogue runs on the finished tile. Shapes must be static.
+    """
+
+    @dataclass
+    class Config:
+        """Per-target tile sizes.
+
+        Attributes
+        ----------
+        tile_i : int
+            Rows of the register tile (unrolled).
+        vectors_j : int
+            Columns of the register tile, in SIMD vectors of the accumulator dtype.
+        unroll_k : int
+            Upper bound of the unrolled inner reduction step.
+        pack_min_rows : int
+            Pack a ``[K, N]`` weight only when ``I`` has at least this many rows; a dense
+            ``[N, K]`` weight is always packed, since unpacked it needs gathers.
+        """
+
+        tile_i: int = 8
+        vectors_j: int = 2
+        unroll_k: int = 4
+        pack_min_rows: int = 16
+
+    # Keyed by SIMD width in bits: 32 zmm registers hold 8x2 accumulators, 16 ymm hold 6x2.
+    CONFIGS = {512: Config(), 256: Config(tile_i=6), 128: Config()}
+
+    def get_config(self, target: Target) -> Config:
+        """Return the tile configuration for ``target``."""
+        return self.CONFIGS[vector_bits(target)]
+
+    def apply(  # pylint: disable=missing-function-docstring
+        self, func: tirx.PrimFunc, target: Target, _: bool
+    ) -> s_tir.Schedule | None:
+        return self.schedule_block(
+            func,
+            target,
+            find_matmul_block,
+            lambda sch, main: _schedule(sch, main, target, self.get_config(target)),
+        )
+
+
+@dataclass
+class _Plan:
+    """Tile sizes and packing decisions for one normalised matmul."""
+
+    extents: list[int]  # [S, I, J, K]
+    tile_i: int
+    tile_j: int
+    unroll_k: int
+    pack_b: bool
+
+    @property
+    def pad_i(self) -> bool:
+        return self.extents[1] % self.tile_i != 0
+
+    @property
+    def pad_j(self) -> bool:
+        return self.extents[2] % self.tile_j != 0
+
+
+def _make_plan(
+    sch: s_tir.Schedule, main: SBlockRV, target: Target, config: CPUMatmul.Config, dense: bool
+) -> _Plan:
+    """Choose the tiles for the normalised block ``main``."""
+    block = sch.get(main)
+    acc_dtype = str(block.writes[0].source.dtype)
+    lanes = vector_lanes(target, acc_dtype)
+    extents = [int(iv.dom.extent) for iv in block.iter_vars]
+    tile_j = lanes * config.vectors_j
+    while tile_j > lanes and tile_j // 2 >= extents[2]:
+        tile_j //= 2
+    tile_i = min(config.tile_i, extents[1])
+    return _Plan(
+        extents=extents,
+        tile_i=tile_i,
+        tile_j=tile_j,
+        unroll_k=largest_divisor(extents[3], config.unroll_k),
+        pack_b=dense or extents[1] >= config.pack_min_rows,
+    )
+
+
+def _schedule(
+    sch: s_tir.Schedule, main: SBlockRV, target: Target, config: CPUMatmul.Config
+) -> None:
+    """Tile, pack, vectorise and parallelise the gemm-like block ``main`` in place."""
+    dense = b_is_k_contiguous(sch.get(main))
+    reindex_a, reindex_b = normalize(sch, main)
+    plan = _make_plan(sch, main, target, config, dense)
+    if plan.pad_i or plan.pad_j:
+        sch.pad_einsum(main, [1, plan.tile_i, plan.tile_j, 1])
+        reindex_a, reindex_b = sch.get_producers(main)
+    auto_inline_producers(sch, reindex_a)
+    auto_inline_producers(sch, reindex_b)
+    if not plan.pad_i:
+        sch.compute_inline(reindex_a)
+    if not plan.pack_b:
+        sch.compute_inline(reindex_b)
+
+    outer, i_outer, k_outer = _tile(sch, main, plan)
+    acc = sch.cache_write(main, 0, "local")
+    sch.reverse_compute_at(acc, i_outer, preserve_unit_loops=True)
+    inline_epilogue(sch, acc)
+    vectorize_tile(sch, acc)
+    if plan.pack_b:
+        _pack_panels(sch, reindex_b, outer, plan.tile_j)
+    if use_parallel(target, math.prod(plan.extents)):
+        sch.parallel(outer)  # before decompose_reduction, which breaks the check
+    init = sch.decompose_reduction(main, k_outer)
+    vectorize_tile(sch, init)
+
+
+def _tile(sch: s_tir.Schedule, main: SBlockRV, plan: _Plan) -> tuple[LoopRV, LoopRV, LoopRV]:
+    """Split ``[S, I, J, K]`` into ``(S*J/tj, I/ti, K/uk, uk, ti, tj)`` loops.
+
+    The inner loops are unrolled and vectorised; returns the fused outer loop, the row-tile
+    loop and the outer reduction loop.
+    """
+    s, i, j, k = sch.get_loops(main)
+    i_outer, i_inner = sch.split(i, [None, plan.tile_i])
+    j_outer, j_inner = sch.split(j, [None, plan.tile_j])
+    k_outer, k_inner = sch.split(k, [None, plan.unroll_k])
+    sch.reorder(s, j_outer, i_outer, k_outer, k_inner, i_inner, j_inner)
+    sch.unroll(k_inner)
+    sch.unroll(i_inner)
+    sch.vectorize(j_inner)
+    return sch.fuse(s, j_outer), i_outer, k_outer
+
+
+def _pack_panels(sch: s_tir.Schedule, pack: SBlockRV, outer: LoopRV, tile_j: int) -> None:
+    """Lay ``B[S, J, K]`` out as ``[S, J / tile_j, K, tile_j]``; pack one panel per ``outer``."""
+    sch.transform_layout(pack, ("write", 0), lambda s, j, k: (s, j // tile_j, k, j % tile_j))
+    sch.compute_at(pack, outer, preserve_unit_loops=True)
+    j_loop, k_loop = sch.get_loops(pack)[-2:]
+    sch.reorder(k_loop, j_loop)
+    sch.vectorize(j_loop)

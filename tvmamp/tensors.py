@@ -1,0 +1,73 @@
+"""Tensor-type helpers shared by the passes, the executable and the trainer: dtypes and shapes."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import tvm
+from tvm import relax
+
+# The float dtypes the AMP pass converts between (fp32 and the two low dtypes).
+FLOAT_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def np_dtype(dtype: str) -> np.dtype:
+    """The numpy dtype of a TVM dtype name (bfloat16 and the float8 types via ml_dtypes)."""
+    extra = getattr(ml_dtypes, dtype, None) if not hasattr(np, dtype) else None
+    return np.dtype(extra if extra is not None else dtype)
+
+
+def type_dtype(ty) -> str | None:
+    """The dtype of a ``relax.TensorType``, or None for any other type."""
+    return str(ty.dtype) if isinstance(ty, relax.TensorType) else None
+
+
+def tensor_dtype(expr: relax.Expr) -> str | None:
+    """The dtype of a tensor-typed expression, or None."""
+    return type_dtype(getattr(expr, "ty", None))
+
+
+def static_shape(ty) -> tuple[int, ...] | None:
+    """The shape of a ``relax.TensorType`` when every dimension is a constant, else None."""
+    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
+        return None
+    dims = ty.shape.values
+    if not all(isinstance(d, tvm.tirx.IntImm) for d in dims):
+        return None
+    return tuple(int(d) for d in dims)
+
+
+def check_array(array, name: str, ty, component: str) -> np.ndarray:
+    """``array`` as numpy, checked against the dtype and static shape of the type ``ty``.
+
+    Parameters
+    ----------
+    array : array-like or tvm.runtime.Tensor
+        The value given for a model input or parameter.
+    name : str
+        How the message names the value (the input's or parameter's name).
+    ty : relax type
+        The type declared for it; only a ``relax.TensorType`` is checked (dynamic dimensions
+        match any size).
+    component : str
+        The component named in the message ("tvmamp", "tvmamp.training", ...).
+
+    Raises
+    ------
+    TypeError
+        The dtype differs from the declared one.
+    ValueError
+        A static dimension differs.
+    """
+    array = array.numpy() if isinstance(array, tvm.runtime.Tensor) else np.asarray(array)
+    want = type_dtype(ty)
+    if want is not None and array.dtype != np_dtype(want):
+        raise TypeError(
+            f"{component}: {name!r} has dtype {array.dtype}, but the model expects {want}"
+        )
+    shape = static_shape(ty)
+    if shape is not None and tuple(array.shape) != shape:
+        raise ValueError(
+            f"{component}: {name!r} has shape {array.shape}, but the model expects {shape}"
+        )
+    return array
