@@ -28,12 +28,38 @@ class SplitPreproc:
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         """Split, fold, then split the activation pre-processing."""
-        mod = relax.transform.SplitLayoutRewritePreproc()(mod)
+        mod = _split_marked(mod)
         mod = tensorize_packs(mod)
         mod = relax.transform.FoldConstant()(mod)
         mod = _promote_activation_marks(mod)
-        mod = relax.transform.SplitLayoutRewritePreproc()(mod)
+        mod = _split_marked(mod)
         return relax.transform.DeadCodeElimination()(mod)
+
+
+def _split_marked(mod: tvm.IRModule) -> tvm.IRModule:
+    """``SplitLayoutRewritePreproc`` on the PrimFuncs with a :data:`PREPROC` block only.
+
+    TVM's pass visits every PrimFunc and aborts on one whose root holds no block at all (the
+    generic ``cumsum`` kernel is bare loops), so the others are set aside while it runs; it
+    rewrites only the Relax calls of the functions it splits.
+    """
+    aside = {
+        gvar: func
+        for gvar, func in mod.functions_items()
+        if isinstance(func, tirx.PrimFunc) and not _has_preproc(func)
+    }
+    if len(aside) == sum(isinstance(f, tirx.PrimFunc) for _, f in mod.functions_items()):
+        return mod
+    kept = {gvar: func for gvar, func in mod.functions_items() if gvar not in aside}
+    split = relax.transform.SplitLayoutRewritePreproc()(tvm.IRModule(kept, attrs=mod.attrs))
+    functions = dict(split.functions_items())
+    functions.update(aside)
+    return tvm.IRModule(functions, attrs=split.attrs, global_infos=split.global_infos)
+
+
+def _has_preproc(func: tirx.PrimFunc) -> bool:
+    sch = s_tir.Schedule(func)
+    return any(PREPROC in sch.get(block).annotations for block in root_blocks(sch))
 
 
 def tensorize_packs(mod: tvm.IRModule) -> tvm.IRModule:

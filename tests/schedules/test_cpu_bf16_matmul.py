@@ -166,3 +166,29 @@ def test_meta_schedule_space_samples_the_tiles():
     kinds = [inst.kind.name for inst in space.trace.insts]
     assert "SampleCategorical" in kinds
     assert "Tensorize" in kinds
+
+
+@pytest.mark.parametrize("target, _asm, flag", KERNELS)
+def test_a_blockless_kernel_beside_packed_weights_builds(target, _asm, flag, rng):
+    """cumsum's generic kernel is bare loops with no block, which TVM's layout-rewrite split
+    aborted on; the split now sees only the functions the bf16 rules marked."""
+    import tvmamp
+
+    weight = rng.standard_normal((128, 64)).astype("float32")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((64, 128), "float32"))
+    m = relax.Var("m", relax.TensorType((2, 8), "int64"))
+    with bb.function("main", [x, m]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.matmul(x, relax.const(weight)))
+            c = bb.emit(relax.op.cumsum(m, axis=1, dtype="int64"))
+            out = bb.emit_output(relax.Tuple([y, c]))
+        bb.emit_func_output(out)
+    exe = tvmamp.build(bb.get(), "O2", target, dtype="bfloat16")
+    assert _asm in exe.get_source("asm")
+    _needs_host(flag)
+    xs = rng.standard_normal((64, 128)).astype("float32")
+    ms = rng.integers(0, 5, (2, 8)).astype("int64")
+    y, c = exe(xs, ms)
+    np.testing.assert_array_equal(c, np.cumsum(ms, axis=1))
+    np.testing.assert_allclose(y, xs @ weight, rtol=2e-2, atol=2e-2 * np.abs(xs @ weight).mean())
