@@ -95,3 +95,10 @@ def test_optimizer_hyper_parameters():
         SGD(0)
     with pytest.raises(ValueError, match=r"Adam betas\[1\]=1.0 is out of range"):
         Adam(betas=(0.9, 1.0))
+
+
+def test_an_op_without_a_gradient_is_named():
+    """TVM registers no gradient for batch_norm: the error names it instead of TVM's internals."""
+    mod, _params = models.conv_net(batch=2, channels=4, size=8, blocks=1)
+    with pytest.raises(ValueError, match=r"has no gradient for .*relax\.nn\.batch_norm"):
+        Trainer(mod, loss="mse")

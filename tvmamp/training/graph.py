@@ -31,7 +31,7 @@ def scaled_adjoint(model: ForwardModel, loss_fn: relax.Function) -> relax.Functi
     mod = tvm.IRModule({"main": model.func.with_attr("global_symbol", "main")})
     try:
         mod = relax.training.AppendLoss("main", loss_fn, 1, "loss")(mod)
-    except tvm.error.TVMError as err:
+    except (RuntimeError, ValueError, TypeError) as err:  # what TVM raises
         raise ValueError(f"tvmamp.training: cannot append the loss to the model: {err}") from None
     loss_func = mod["loss"]
     scale = relax.Var("amp_loss_scale", relax.TensorType((), "float32"))
@@ -46,8 +46,31 @@ def scaled_adjoint(model: ForwardModel, loss_fn: relax.Function) -> relax.Functi
     grad_vars = bb.get()["scaled_loss"].params[
         model.num_input : model.num_input + len(model.params)
     ]
-    mod = relax.transform.Gradient("scaled_loss", require_grads=list(grad_vars))(bb.get())
+    try:
+        mod = relax.transform.Gradient("scaled_loss", require_grads=list(grad_vars))(bb.get())
+    except (RuntimeError, ValueError, TypeError) as err:  # what TVM raises
+        missing = _ops_without_gradient(bb.get()["scaled_loss"])
+        if not missing:
+            raise
+        raise ValueError(
+            f"tvmamp.training: TVM {tvm.__version__} has no gradient for {', '.join(missing)}, "
+            "so this model cannot be trained; replace those ops (e.g. fold batch_norm into the "
+            f"preceding conv for fine-tuning) or train the model in its framework ({err})"
+        ) from None
     return _ScalarNamer().visit_expr(_flat_outputs(mod["scaled_loss_adjoint"]))
+
+
+def _ops_without_gradient(func: relax.Function) -> list[str]:
+    """The ops called in ``func`` that register no ``FPrimalGradient``, sorted."""
+    found = set()
+
+    def visit(expr):
+        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op):
+            if expr.op.get_attr("FPrimalGradient") is None:
+                found.add(expr.op.name)
+
+    relax.analysis.post_order_visit(func, visit)
+    return sorted(found)
 
 
 @relax.expr_functor.mutator
