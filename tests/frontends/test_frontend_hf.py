@@ -138,3 +138,29 @@ def test_a_model_returning_its_kv_cache_gets_a_hint():
         pytest.skip("this transformers returns the KV cache as tensors, which torch.export takes")
     with pytest.raises(RuntimeError, match=r"use_cache = False"):
         from_torch(model, {"input_ids": ids})
+
+
+class IdsOnly(torch.nn.Module):
+    """A decoder called with token ids alone: it makes its own mask and position ids (cumsum)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids):
+        return self.model(input_ids=input_ids)[0]
+
+
+@pytest.mark.parametrize("factory", [gpt2, llama], ids=lambda f: f.__name__)
+def test_decoder_called_with_ids_only_builds_at_o2_bf16(factory):
+    torch.manual_seed(0)
+    model = factory()
+    model.config._attn_implementation = "eager"
+    model.config.use_cache = False
+    model = IdsOnly(model.eval())
+    ids = _inputs(pad=0)["input_ids"]
+    mod, params = from_torch(model, (ids,))
+    with torch.no_grad():
+        want = model(torch.from_numpy(ids)).numpy()
+    out = tvmamp.build(mod, "O2", TARGET, dtype="bfloat16", params=params)(ids)
+    np.testing.assert_allclose(out, want, rtol=5e-2, atol=5e-2)

@@ -163,3 +163,19 @@ def test_keyword_example_inputs_set_the_input_order(rng):
     np.testing.assert_allclose(tvmamp.build(mod, "O0", TARGET)(scale, x), x * scale, rtol=1e-6)
     with pytest.raises(TypeError, match=r"keys must be argument names, got \[0\]"):
         from_torch(Scaled(), {0: x})
+
+
+def test_cumsum_of_a_bool_mask_is_int64_as_in_torch(rng):
+    """Hugging Face decoders make position ids as ``attention_mask.cumsum(-1)``: torch sums a
+    bool or int tensor in int64, TVM's importer kept bool and LLVM could not add bools."""
+
+    class Positions(torch.nn.Module):
+        def forward(self, x):
+            return (x > 0).cumsum(-1) * x
+
+    x = rng.standard_normal((2, 8)).astype("float32")
+    mod, params = from_torch(Positions().eval(), (x,))
+    with torch.no_grad():
+        want = Positions()(torch.from_numpy(x)).numpy()
+    out = tvmamp.build(mod, "O0", TARGET, params=params)(x)
+    np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-6)

@@ -57,3 +57,29 @@ def _is_legacy_empty(node) -> bool:
 def _same_dtype(source, cat) -> bool:
     a, b = _value(source), _value(cat)
     return a is not None and b is not None and getattr(a, "dtype", None) == b.dtype
+
+
+CUMULATIVE_OPS = ("cumsum.default", "cumprod.default")
+
+
+def give_cumulative_ops_their_dtype(program) -> int:
+    """Name the result dtype of ``aten.cumsum``/``cumprod`` calls that promote; return how many.
+
+    torch computes a cumulative sum of a bool or integer tensor in int64 when no ``dtype`` is
+    given (Hugging Face decoders build position ids as ``attention_mask.cumsum(-1)``); TVM's
+    importer keeps the input dtype, and LLVM then fails to add bools ("MatchesCode(kDLFloat)").
+    Passing the result dtype that torch.export recorded makes both agree.
+    """
+    changed = 0
+    for node in program.graph.nodes:
+        if node.op != "call_function" or _overload_name(node) not in CUMULATIVE_OPS:
+            continue
+        source, result = _value(node.args[0]), _value(node)
+        if source is None or result is None or node.kwargs.get("dtype") is not None:
+            continue
+        if source.dtype != result.dtype:
+            node.kwargs = {**node.kwargs, "dtype": result.dtype}
+            changed += 1
+    if changed:
+        program.graph_module.recompile()
+    return changed
