@@ -4,8 +4,11 @@ For each model: import with ``tvmamp.from_torch``, build every level for the hos
 against torch fp32 on ``--inputs`` random inputs (max abs error, normwise relative error, an
 elementwise check, top-1 agreement), then time tvmamp O0/O1/O2, torch fp32, torch autocast,
 torch ``model.to(low dtype)`` and onnxruntime fp32 interleaved in one process
-(``tvmamp.benchmark.paired_medians``), once per thread count, and name the O2 kernel that
-takes the most time. ``--check-only`` builds and checks only: the robustness sweep.
+(``tvmamp.benchmark.paired_medians`` at one thread; at more, each timed call follows one untimed
+call, see :func:`interleaved_medians`), once per thread count, and name the kernel of the last
+level that takes the most time (VM instrumentation). ``--check-only`` builds and checks only:
+the robustness sweep. The thread count reaches all three runtimes: ``TVM_NUM_THREADS``,
+``torch.set_num_threads`` and onnxruntime's ``intra_op_num_threads``.
 
 Each (model, thread count) runs in a worker subprocess, so that a crash (a segfault in a
 kernel, an abort in LLVM) is recorded against the level being built or run, and the sweep goes
@@ -98,7 +101,7 @@ def accuracy(outs, refs, kind: str, tol: float) -> dict:
     return res
 
 
-def _torch_variants(entry, model, low: str):
+def _torch_variants(model, low: str):
     """(label, callable on torch inputs) for torch fp32, autocast and ``model.to(low)``."""
     import copy
 
@@ -136,21 +139,27 @@ def _onnx_session(model, example, threads: int, workdir: str):
     return lambda *xs: sess.run(None, {n: x.numpy() for n, x in zip(names, xs)})
 
 
-def kernel_profile(exe, tensors, rounds: int = 3) -> list[tuple[str, float]]:
-    """Per-kernel time of one call (median of ``rounds``), in ms, sorted, from VM instrumentation.
+def kernel_profile(exe, tensors, rounds: int = 3) -> list[dict]:
+    """Per-kernel time of one call from VM instrumentation, slowest first.
 
-    The Python callback adds a few microseconds to each call, so the figures of tiny kernels are
-    upper bounds; the VM's own builtins (``vm.builtin.*``) are left out.
+    Each entry: ``name``, ``ms`` (summed over the kernel's calls in one model call, median of
+    ``rounds``), ``calls`` and ``shapes`` (its arguments' shapes at its first call). The Python
+    callback adds a few microseconds to each call, so the figures of tiny kernels are upper
+    bounds; the VM's own builtins (``vm.builtin.*``) are left out.
     """
     import tvm
 
-    runs = []
+    runs, calls, shapes = [], {}, {}
 
     def instrument(func, name, before, ret, *args):
+        if name.startswith("vm.builtin"):
+            return 0
         if before:
+            shapes.setdefault(name, [list(a.shape) for a in args if hasattr(a, "shape")])
             starts[name] = time.perf_counter()
-        elif not name.startswith("vm.builtin"):
+        else:
             totals[name] = totals.get(name, 0.0) + time.perf_counter() - starts[name]
+            calls[name] = calls.get(name, 0) + 1
         return 0
 
     vm = exe.vm
@@ -160,9 +169,16 @@ def kernel_profile(exe, tensors, rounds: int = 3) -> list[tuple[str, float]]:
         vm["main"](*tensors)
         runs.append(totals)
     vm.set_instrument(None)
-    names = runs[0].keys()
-    med = {n: statistics.median(r.get(n, 0.0) for r in runs) * 1e3 for n in names}
-    return sorted(med.items(), key=lambda kv: -kv[1])
+    prof = [
+        dict(
+            name=n,
+            ms=statistics.median(r.get(n, 0.0) for r in runs) * 1e3,
+            calls=calls[n] // rounds,
+            shapes=shapes[n],
+        )
+        for n in runs[0]
+    ]
+    return sorted(prof, key=lambda k: -k["ms"])
 
 
 def worker(args) -> None:
@@ -177,7 +193,7 @@ def worker(args) -> None:
     inputs = [entry.inputs(100 + i) for i in range(args.inputs)]
     with torch.inference_mode():
         refs = [_first(model(*x)) for x in inputs]
-    variants = _torch_variants(entry, model, args.dtype)
+    variants = _torch_variants(model, args.dtype)
     baseline = {}
     variants = variants[:1] + check_variants(ev, variants[1:], inputs, refs, entry.kind, baseline)
     classes = "n/a"
@@ -309,8 +325,8 @@ def time_variants(ev, exes, variants, example, args) -> None:
     last = list(exes)[-1]
     ev.emit("step", step=f"kernel profile {last}")
     prof = kernel_profile(exes[last], tensors)
-    total = sum(t for _, t in prof) or 1.0
-    top = [dict(name=n, ms=t, share=t / total) for n, t in prof[:3]]
+    total = sum(k["ms"] for k in prof) or 1.0
+    top = [dict(k, share=k["ms"] / total) for k in prof[:3]]
     ev.emit("kernels", level=last, top=top, count=len(prof))
 
 
@@ -475,6 +491,22 @@ def timing_rows(results: list[dict]) -> list[str]:
     return rows
 
 
+def kernel_lines(results: list[dict]) -> list[str]:
+    """The three slowest kernels of each model's last level, with calls and argument shapes."""
+    lines = []
+    for res in results:
+        kern = res.get("kernels") or {}
+        for k in kern.get("top", []):
+            if "shapes" not in k:
+                return []  # results from before the shapes were recorded
+            shapes = " ".join("x".join(map(str, s)) or "scalar" for s in k["shapes"])
+            lines.append(
+                f"- {res['model']} {kern['level']}: `{k['name']}` {k['ms']:.2f} ms "
+                f"({k['share']:.0%}, {k['calls']} call(s)), arguments {shapes}"
+            )
+    return ["Slowest kernels (VM instrumentation, one call):", "", *lines, ""] if lines else []
+
+
 def timing_head(low: str) -> list[str]:
     short = {"bfloat16": "bf16", "float16": "fp16"}[low]
     cols = [
@@ -568,6 +600,7 @@ def report(args, results_by_t: dict, meta: dict) -> list[str]:
             how = "interleaved" + (", one untimed call before each timed one" if any(warm) else "")
             lines += [f"### Median ms per batch-1 call, {t} thread(s), same run ({how})", ""]
             lines += timing_head(args.dtype) + timing_rows(results) + [""]
+            lines += kernel_lines(results)
     notes = failure_notes([r for rs in results_by_t.values() for r in rs])
     return lines + (["### Failures", ""] + notes if notes else [])
 

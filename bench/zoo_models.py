@@ -604,4 +604,9 @@ ZOO = {
         ),
     )
 }
-"""All zoo entries by name, in benchmark order."""
+"""All zoo entries by name, in benchmark order.
+
+``gpt2`` is called with token ids only, as ``model(input_ids)``; ``gpt2_mask`` is the same model
+with an all-ones attention mask, which skips transformers' packed-sequence check (``diff`` and
+``cumsum`` on the position ids) that the TorchScript ONNX exporter cannot export.
+"""
