@@ -11,6 +11,7 @@ from tvm.target import codegen
 
 from .cpu_features import CPU_LEVELS, cpu_level_features, cpuinfo_flags, host_cpu_features
 from .cpu_guard import guard_passes
+from .llvm_lowering import tir_pipeline
 from .registry import DEFAULT_SPACE, DesignSpace, TargetEntry, register_target
 
 BF16_WARNING = (
@@ -161,5 +162,7 @@ ENTRY = register_target(
         intrinsic_families=intrinsic_families,
         design_space=design_space,
         register_log_intrinsics=register_log_intrinsics,
+        tir_pipeline=tir_pipeline,
+        meta_schedule_build="tvmamp.meta_schedule.llvm_build",
     )
 )

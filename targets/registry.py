@@ -113,6 +113,13 @@ class TargetEntry:
     register_log_intrinsics : callable
         ``(records_text) -> None``: register the tvmamp tensor intrinsics that the traces of a
         tuning log (the text of its records file) name, before TVM replays them.
+    tir_pipeline : callable
+        ``(target) -> str``: the registered TIR pipeline (``tvm.tirx.register_tir_pipeline``)
+        that ``tvm.compile`` lowers the kernels with; TVM's ``"default"`` unless the target
+        needs its own (:mod:`tvmamp.targets.llvm_lowering`).
+    meta_schedule_build : str
+        The global function meta_schedule's ``LocalBuilder`` builds tuning candidates with, so
+        that they are lowered as the final build lowers them.
     """
 
     name: str
@@ -132,6 +139,8 @@ class TargetEntry:
     intrinsic_families: Callable = lambda target: None
     design_space: Callable = lambda mod, target: DEFAULT_SPACE
     register_log_intrinsics: Callable = lambda records_text: None
+    tir_pipeline: Callable = lambda target: "default"
+    meta_schedule_build: str = "meta_schedule.builder.default_build"
 
 
 REGISTRY: dict[str, TargetEntry] = {}

@@ -77,7 +77,12 @@ def test_compile_converted_is_the_whole_pipeline_as_one_pass():
     converted = tvmamp.convert(mod, "O2", TARGET, "bfloat16", params)
     exe = compile_converted(converted)
     whole = relax_pipeline(converted.target, converted.entry, converted.policy)
-    vm_exec = tvm.compile(converted.mod, target=converted.target, relax_pipeline=whole)
+    vm_exec = tvm.compile(
+        converted.mod,
+        target=converted.target,
+        relax_pipeline=whole,
+        tir_pipeline=converted.entry.tir_pipeline(converted.target),
+    )
     assert exe.vm_exec.as_text() == vm_exec.as_text()
     at_once = Executable(vm_exec, converted.target, converted.mod, None, converted.policy)
     assert _llvm_ir(exe) == _llvm_ir(at_once)

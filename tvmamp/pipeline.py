@@ -136,7 +136,10 @@ def _as_pass(target, phases: Callable[[], list], name: str) -> tvm.transform.Pas
 def relax_pipeline(target, entry, policy, database=None) -> tvm.transform.Pass:
     """Every phase, 1 to 5, as one pass for ``tvm.compile(mod, relax_pipeline=...)``.
 
-    With ``database``, compile inside ``with database:`` so that phase 3 finds it.
+    With ``database``, compile inside ``with database:`` so that phase 3 finds it. Pass
+    ``tir_pipeline=entry.tir_pipeline(target)`` to ``tvm.compile`` as well, as
+    :func:`compile_converted` does: the CPU kernels need tvmamp's TIR lowering to keep their
+    register tiles in registers inside parallel loops.
     """
     return _as_pass(
         target,
@@ -184,7 +187,9 @@ def compile_converted(
         notes = list(check_kernels(lowered)) if check_kernels is not None else []
         back = _as_pass(target, lambda: _back_phases(target, entry, database), "tvmamp.Lower")
         with database if database is not None else contextlib.nullcontext():
-            vm_exec = tvm.compile(lowered, target=target, relax_pipeline=back)
+            vm_exec = tvm.compile(
+                lowered, target=target, relax_pipeline=back, tir_pipeline=entry.tir_pipeline(target)
+            )
     exe = Executable(
         vm_exec, target, converted.mod, converted.report, converted.policy, notes, entry=entry
     )

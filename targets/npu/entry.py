@@ -104,6 +104,8 @@ def make_entry(name: str, desc: NpuDescriptor) -> NpuTargetEntry:
         intrinsic_families=host.intrinsic_families,
         design_space=host.design_space,
         register_log_intrinsics=host.register_log_intrinsics,
+        tir_pipeline=host.tir_pipeline,
+        meta_schedule_build=host.ENTRY.meta_schedule_build,
         unsupported_low_ops=unsupported_low_ops,
         partition_passes=lambda target, policy: partition_passes(desc, policy),
         descriptor=desc,

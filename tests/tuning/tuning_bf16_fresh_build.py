@@ -118,7 +118,12 @@ def build_with(converted, database):
     """Compile as tvmamp.build does, with ``database`` applied in phase 3."""
     pipeline = relax_pipeline(converted.target, converted.entry, converted.policy, database)
     with database:
-        vm_exec = tvm.compile(converted.mod, target=converted.target, relax_pipeline=pipeline)
+        vm_exec = tvm.compile(
+            converted.mod,
+            target=converted.target,
+            relax_pipeline=pipeline,
+            tir_pipeline=converted.entry.tir_pipeline(converted.target),
+        )
     c = converted
     return Executable(vm_exec, c.target, c.mod, c.report, c.policy)
 

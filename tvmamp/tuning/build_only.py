@@ -35,7 +35,9 @@ def build_candidates_only(tasks, target, entry, options) -> list[str]:
     notes = []
     with only_target_intrinsics(families):
         builder = ms.builder.LocalBuilder(
-            max_workers=os.cpu_count() or 1, initializer=functools.partial(load, families)
+            max_workers=os.cpu_count() or 1,
+            initializer=functools.partial(load, families),
+            f_build=entry.meta_schedule_build,
         )
         for task in tasks:
             if task.trials > 0:

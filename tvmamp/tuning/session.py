@@ -42,7 +42,9 @@ class Session:
         self.database = open_database(work_dir)
         self.measured: set = set()
         workers = os.cpu_count() or 1
-        self.local_builder = ms.builder.LocalBuilder(max_workers=workers, initializer=initializer)
+        self.local_builder = ms.builder.LocalBuilder(
+            max_workers=workers, initializer=initializer, f_build=entry.meta_schedule_build
+        )
         self.builder = SkipMeasuredBuilder(self.local_builder, self.measured)
         config = options.evaluator_config
         self.runner = rpc.runner(config) if rpc else ms.runner.LocalRunner(evaluator_config=config)
