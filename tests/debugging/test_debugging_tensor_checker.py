@@ -156,7 +156,7 @@ def test_checker_works_inside_a_training_step():
 
 
 def test_checker_and_loss_scale_plot_with_the_trainer(tmp_path, rng):
-    """The Trainer's compiled train_step is checked, its private adjoint function included."""
+    """The Trainer's compiled train_step is checked, its inlined adjoint included."""
     training = pytest.importorskip("tvmamp.training")
     mod, params = models.simple_net(batch=4, hidden=8, layers=2)
     config = TensorCheckerConfig(True, debug_mode=DebugMode.CHECK_NAN_INF, debug_step=(2, 4))
@@ -171,7 +171,7 @@ def test_checker_and_loss_scale_plot_with_the_trainer(tmp_path, rng):
     assert found_after_step[:3] == [0, 0, 0] and found_after_step[3] > 0  # only step 3 checked
     assert found_after_step[5] == found_after_step[3]
     first = config.findings[0]
-    assert (first.func, first.op, first.num_inf) == ("loss_adjoint", "astype", 1)
+    assert (first.func, first.op, first.num_inf) == ("train_step", "astype", 1)
     assert [h["skipped"] for h in trainer.history] == [False, True] * 3
     png = debugging.plot_loss_scale(trainer.history, tmp_path / "scale.png")
     assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"

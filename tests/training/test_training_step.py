@@ -1,5 +1,7 @@
 """The compiled train step: forced overflows, skipped updates and the loss-scale trajectory."""
 
+import re
+
 import numpy as np
 import pytest
 from loss_scale_reference import reference_update
@@ -193,3 +195,20 @@ def test_too_large_a_scale_overflows_the_fp16_backward_until_the_scaler_backs_of
     fresh = Trainer(mod, "mse", SGD(0.01), "O1", "float16", scaler=backed_off, params=params)
     for name, grad in fresh.gradients(x, y).items():
         assert_close(grad, want[name], **tolerance("float16", np.abs(want[name]).max()), what=name)
+
+
+def test_step_kernels_fuse_across_the_adjoint_and_the_optimizer():
+    """The private adjoint and optimizer are inlined into train_step before compiling.
+
+    The 1/scale unscale runs in the weight-gradient matmuls' epilogue and each parameter's SGD
+    update is one kernel with its where(all finite, new, old) selection: three kernels per
+    parameter (unscale, update, select) were one each before.
+    """
+    mod, params = models.simple_net(batch=BATCH, hidden=HIDDEN, layers=2)
+    trainer = Trainer(mod, "mse", SGD(1e-3), level="O2", dtype="bfloat16", params=params)
+    names = set(re.findall(r"@(\w+)", trainer.executable.vm_exec.as_text()))
+    assert not {"loss_adjoint", "optimizer"} & names
+    assert any(re.fullmatch(r"fused_matmul\d*_multiply\d*_prepacked", n) for n in names), names
+    updates = [n for n in names if re.fullmatch(r"fused_multiply\d*_subtract\d*_where\d*", n)]
+    assert len(updates) == 2, names  # one per weight of the two layers
+    assert "def loss_adjoint" in trainer.script()  # the module users read is unchanged

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import tvm
+from tvm import relax
 
 from tvmamp.conversion import Converted
 from tvmamp.loss_scale import DynamicLossScale, LossScale, NoOpLossScale
@@ -85,7 +86,11 @@ class Trainer:
         steps = StepBuilder(converted.mod, self.model, loss_fn.params[1].ty, self.scaler, optimizer)
         steps.add_grads()
         self.mod = steps.add_train_step(self.accumulate_steps)
-        self.executable = compile_converted(Converted(self.mod, *_rest(converted)))
+        # The adjoint and the optimizer are private functions: inlined into train_step, their
+        # kernels fuse with the step's (the 1/scale unscale into the weight-gradient matmuls,
+        # the optimizer update with its where(all finite, new, old) selection).
+        inlined = relax.transform.InlinePrivateFunctions()(self.mod)
+        self.executable = compile_converted(Converted(inlined, *_rest(converted)))
         self._init_state(values, steps.opt.state)
 
     def _init_state(self, values, optim_state):
