@@ -5,10 +5,11 @@ against torch fp32 on ``--inputs`` random inputs (max abs error, normwise relati
 elementwise check, top-1 agreement), then time tvmamp O0/O1/O2, torch fp32, torch autocast,
 torch ``model.to(low dtype)`` and onnxruntime fp32 interleaved in one process
 (``tvmamp.benchmark.paired_medians`` at one thread; at more, each timed call follows one untimed
-call, see :func:`interleaved_medians`), once per thread count, and name the kernel of the last
-level that takes the most time (VM instrumentation). ``--check-only`` builds and checks only:
-the robustness sweep. The thread count reaches all three runtimes: ``TVM_NUM_THREADS``,
-``torch.set_num_threads`` and onnxruntime's ``intra_op_num_threads``.
+call, see :func:`interleaved_medians`), once per thread count, and profile the kernels of the
+last level (``tvmamp.debugging.profile``: each kernel's time, share and % of the machine's
+peak). ``--check-only`` builds and checks only: the robustness sweep. The thread count reaches
+all three runtimes: ``TVM_NUM_THREADS``, ``torch.set_num_threads`` and onnxruntime's
+``intra_op_num_threads``.
 
 Each (model, thread count) runs in a worker subprocess, so that a crash (a segfault in a
 kernel, an abort in LLVM) is recorded against the level being built or run, and the sweep goes
@@ -22,6 +23,7 @@ Run: python bench/bench_zoo.py [--check-only] [--models resnet50,bert] [--thread
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import math
@@ -137,48 +139,6 @@ def _onnx_session(model, example, threads: int, workdir: str):
     opts.inter_op_num_threads = 1
     sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
     return lambda *xs: sess.run(None, {n: x.numpy() for n, x in zip(names, xs)})
-
-
-def kernel_profile(exe, tensors, rounds: int = 3) -> list[dict]:
-    """Per-kernel time of one call from VM instrumentation, slowest first.
-
-    Each entry: ``name``, ``ms`` (summed over the kernel's calls in one model call, median of
-    ``rounds``), ``calls`` and ``shapes`` (its arguments' shapes at its first call). The Python
-    callback adds a few microseconds to each call, so the figures of tiny kernels are upper
-    bounds; the VM's own builtins (``vm.builtin.*``) are left out.
-    """
-    import tvm
-
-    runs, calls, shapes = [], {}, {}
-
-    def instrument(func, name, before, ret, *args):
-        if name.startswith("vm.builtin"):
-            return 0
-        if before:
-            shapes.setdefault(name, [list(a.shape) for a in args if hasattr(a, "shape")])
-            starts[name] = time.perf_counter()
-        else:
-            totals[name] = totals.get(name, 0.0) + time.perf_counter() - starts[name]
-            calls[name] = calls.get(name, 0) + 1
-        return 0
-
-    vm = exe.vm
-    vm.set_instrument(tvm.runtime.convert(instrument))
-    for _ in range(rounds):
-        starts, totals = {}, {}
-        vm["main"](*tensors)
-        runs.append(totals)
-    vm.set_instrument(None)
-    prof = [
-        dict(
-            name=n,
-            ms=statistics.median(r.get(n, 0.0) for r in runs) * 1e3,
-            calls=calls[n] // rounds,
-            shapes=shapes[n],
-        )
-        for n in runs[0]
-    ]
-    return sorted(prof, key=lambda k: -k["ms"])
 
 
 def worker(args) -> None:
@@ -307,6 +267,7 @@ def time_variants(ev, exes, variants, example, args) -> None:
     import torch
     import tvm
 
+    from tvmamp import debugging
     from tvmamp.benchmark import paired_medians
 
     dev = tvm.cpu()
@@ -324,10 +285,10 @@ def time_variants(ev, exes, variants, example, args) -> None:
     ev.emit("times", ms=ms, switch_warmup=warm)
     last = list(exes)[-1]
     ev.emit("step", step=f"kernel profile {last}")
-    prof = kernel_profile(exes[last], tensors)
-    total = sum(k["ms"] for k in prof) or 1.0
-    top = [dict(k, share=k["ms"] / total) for k in prof[:3]]
-    ev.emit("kernels", level=last, top=top, count=len(prof))
+    prof = debugging.profile(exes[last], tensors)
+    top = [dataclasses.asdict(r) for r in prof.records[:3]]
+    flagged = [dataclasses.asdict(r) for r in prof.flagged]
+    ev.emit("kernels", level=last, top=top, count=len(prof.records), flagged=flagged)
 
 
 # ------------------------------------------------------------------ parent: run the workers
@@ -500,11 +461,24 @@ def kernel_lines(results: list[dict]) -> list[str]:
             if "shapes" not in k:
                 return []  # results from before the shapes were recorded
             shapes = " ".join("x".join(map(str, s)) or "scalar" for s in k["shapes"])
+            rate = ""
+            if k.get("efficiency") is not None:
+                rate = f", {k['efficiency']:.0%} of the {k['bound']}-bound peak"
             lines.append(
                 f"- {res['model']} {kern['level']}: `{k['name']}` {k['ms']:.2f} ms "
-                f"({k['share']:.0%}, {k['calls']} call(s)), arguments {shapes}"
+                f"({k['share']:.0%}, {k['calls']} call(s)){rate}, arguments {shapes}"
             )
-    return ["Slowest kernels (VM instrumentation, one call):", "", *lines, ""] if lines else []
+    for res in results:
+        kern = res.get("kernels") or {}
+        slow = [k for k in kern.get("flagged", []) if k["share"] >= 0.01]
+        if slow:
+            named = ", ".join(
+                f"`{k['name']}` ({k['share']:.0%} of the time, {k['efficiency']:.1%} of peak)"
+                for k in slow
+            )
+            lines.append(f"- {res['model']} {kern['level']}: below 10% of peak: {named}")
+    head = "Slowest kernels (tvmamp.debugging.profile: VM instrumentation, one call):"
+    return [head, "", *lines, ""] if lines else []
 
 
 def timing_head(low: str) -> list[str]:

@@ -14,6 +14,7 @@ SUBCOMMANDS = (
     "tune",
     "logs",
     "stats",
+    "profile",
     "compare",
     "inspect",
     "search",
