@@ -1,13 +1,14 @@
-"""Fast transcendental functions for ops that run in fp16/bf16 on the CPU.
+"""Fast transcendental functions (exp, erf, tanh, sigmoid, silu, gelu, softmax) for CPU kernels.
 
-LLVM has no vector ``erf``, and TVM's ``exp``/``erf``/``tanh`` on bf16 widen to fp32 and call
-the scalar libm routine per element: a GELU epilogue took 17 ms of a 35 ms transformer layer,
-whatever the precision of its matmul. TVM's fast approximations (``topi.fast_exp``,
-``fast_erf``, ``fast_tanh``: polynomials that vectorise) exist only for fp32, so an op that the
-AMP pass made low is rewritten to compute in fp32 inside its kernel with the fast function and
-round back to its dtype: the approximation error (about 1e-7 relative) is far below the
-rounding of the low dtype (about 4e-3 for bf16, 5e-4 for fp16). Ops that run in fp32 are left
-exact, so an fp32 build, the reference of every accuracy tool, is unchanged.
+LLVM has no vector ``exp``/``erf``/``tanh``: TVM's versions call the scalar libm routine per
+element (3-9 ns per element, against 0.5 for onnxruntime's polynomials), and bf16 ones widen to
+fp32 first; a GELU epilogue took 17 ms of a 35 ms transformer layer. :class:`FastMath` rewrites
+those ops on the dtypes it is given into kernels that compute in fp32 with polynomials that
+vectorise (TVM's ``fast_erf``/``fast_tanh``, and an exp with a two-constant range reduction,
+within 1 ulp) and round back to the op's dtype. Its softmax splits each row into a body of whole
+SIMD vectors and a tail, which the CPU row-reduction schedule (``schedules/cpu/reduction.py``)
+accumulates in registers. :func:`LowPrecisionFastMath` is the fp16/bf16-only variant: fp32 ops
+keep TVM's exact libm functions.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import math
 
 import tvm
-from tvm import relax, topi
+from tvm import relax, te, tirx, topi
 
 LOW_DTYPES = ("float16", "bfloat16")
 
@@ -41,27 +42,100 @@ def _gelu_tanh(x):
     return 0.5 * x * (1.0 + topi.fast_tanh(inner))
 
 
+# Cephes' expf: ln 2 split in two for an exact range reduction, then a degree-6 polynomial on
+# [-ln2/2, ln2/2]. Within 2 ulp of exp over the clamped range, where TVM's ``fast_exp``
+# reduces with one constant and drifts to 70 ulp (4e-6 relative) near |x| = 80.
+_LOG2E = 1.44269504088896341
+_LN2_HI, _LN2_LO = 0.693359375, -2.12194440e-4
+_EXP_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1)
+_EXP_MIN, _EXP_MAX = -87.33, 88.37  # exp stays a normal fp32 number (2^n built from bits)
+
+
+def _exp(x):
+    """``exp(x)`` for fp32 ``x``, vectorisable (no libm call)."""
+
+    def compute(*i):
+        v = tirx.max(tirx.min(x(*i), _EXP_MAX), _EXP_MIN)
+        n = tirx.floor(v * _LOG2E + 0.5)
+        r = v - n * _LN2_HI - n * _LN2_LO
+        p = tirx.const(_EXP_POLY[0], "float32")
+        for c in _EXP_POLY[1:]:
+            p = p * r + c
+        poly = (p * r + 0.5) * (r * r) + r + 1.0
+        scale = (n.astype("int32") + 127) << 23
+        return poly * tirx.reinterpret("float32", scale)
+
+    return te.compute(x.shape, compute, name="exp_fast", tag="elemwise")
+
+
 def _softmax(x, axis):
-    return topi.nn.fast_softmax(x, axis)
+    """``exp(x - max) / sum(exp(x - max))`` along ``axis`` with the vectorisable exp.
+
+    Each reduction is split into a body whose length is a multiple of :data:`_CHUNK` and a
+    tail, so the CPU row-reduction schedule can accumulate the body in SIMD registers.
+    """
+    axis = axis % len(x.shape)
+    peak = _row_reduce(x, axis, te.max, tirx.max)
+    e = _exp(te.compute(x.shape, lambda *i: x(*i) - peak(*i[:axis], *i[axis + 1 :])))
+    total = _row_reduce(e, axis, te.sum, tirx.Add)
+    return te.compute(x.shape, lambda *i: e(*i) / total(*i[:axis], *i[axis + 1 :]))
+
+
+# A row reduction's body is a multiple of 16 elements: one AVX-512 register of fp32.
+_CHUNK = 16
+
+
+def _row_reduce(x, axis: int, reduce, combine):
+    """``reduce`` over ``axis`` (dropped): a body of whole chunks, then the tail."""
+    n = int(x.shape[axis])
+    body = n - n % _CHUNK
+    shape = [d for i, d in enumerate(x.shape) if i != axis]
+    parts = []
+    for start, size in ((0, body), (body, n - body)) if 0 < body < n else ((0, n),):
+        parts.append(te.compute(shape, _reducer(x, axis, reduce, start, te.reduce_axis((0, size)))))
+    if len(parts) == 1:
+        return parts[0]
+    return te.compute(shape, lambda *i: combine(parts[0](*i), parts[1](*i)))
+
+
+def _reducer(x, axis: int, reduce, start: int, k):
+    """The fcompute of ``reduce`` over ``x[..., start + k, ...]`` (``k`` along ``axis``)."""
+    return lambda *i: reduce(x(*i[:axis], start + k, *i[axis:]), axis=k)
+
+
+def _sigmoid(x):
+    """``1 / (1 + exp(-x))`` with the vectorisable exp (whose input is clamped: no overflow)."""
+    return 1.0 / (1.0 + _exp(-x))
+
+
+def _silu(x):
+    """``x * sigmoid(x)`` with the fast exp."""
+    return x * _sigmoid(x)
 
 
 # relax op name -> (fp32 fast TE function, attribute names passed as extra arguments)
 FAST = {
-    "relax.exp": (topi.fast_exp, ()),
+    "relax.exp": (_exp, ()),
     "relax.erf": (topi.fast_erf, ()),
     "relax.tanh": (topi.fast_tanh, ()),
     "relax.nn.gelu": (_gelu, ()),
     "relax.nn.gelu_tanh": (_gelu_tanh, ()),
     "relax.nn.softmax": (_softmax, ("axis",)),
+    "relax.sigmoid": (_sigmoid, ()),
+    "relax.nn.silu": (_silu, ()),
 }
 
 
 @relax.expr_functor.mutator
 class _Rewriter(relax.PyExprMutator):
+    def __init__(self, mod: tvm.IRModule, dtypes: tuple[str, ...]):
+        super().__init__(mod)
+        self.dtypes = dtypes
+
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
         name = getattr(call.op, "name", None)
-        if name not in FAST or not _is_low(call.args[0]):
+        if name not in FAST or _dtype(call.args[0]) not in self.dtypes:
             return call
         fast, attrs = FAST[name]
         extra = [int(getattr(call.attrs, a)) for a in attrs]
@@ -70,22 +144,45 @@ class _Rewriter(relax.PyExprMutator):
         )
 
 
-def _is_low(expr: relax.Expr) -> bool:
+def _dtype(expr: relax.Expr) -> str | None:
     ty = expr.ty
-    return isinstance(ty, relax.TensorType) and str(ty.dtype) in LOW_DTYPES
+    return str(ty.dtype) if isinstance(ty, relax.TensorType) else None
 
 
-@tvm.transform.module_pass(opt_level=0, name="tvmamp.LowPrecisionFastMath")
-class LowPrecisionFastMath:
-    """Rewrite fp16/bf16 exp, erf, tanh, gelu, gelu_tanh and softmax to fp32 fast kernels."""
+@tvm.transform.module_pass(opt_level=0, name="tvmamp.FastMath")
+class FastMath:
+    """Rewrite exp, erf, tanh, sigmoid, silu, gelu, gelu_tanh and softmax on ``dtypes`` to
+    fp32 kernels built on TVM's fast (polynomial, vectorisable) exp, erf and tanh.
+
+    Parameters
+    ----------
+    dtypes : tuple of str
+        The input dtypes whose ops are rewritten, from float32, float16 and bfloat16. With
+        float32, an fp32 build also loses its scalar libm calls (``expf``, ``tanhf``, ``erff``:
+        3-9 ns per element against 0.5 for a vector polynomial); the approximations are within
+        a few fp32 ulps (``tests/relay_passes/test_fast_math.py`` bounds them).
+    """
+
+    def __init__(self, dtypes: tuple[str, ...] = ("float32", *LOW_DTYPES)):
+        bad = [d for d in dtypes if d not in ("float32", *LOW_DTYPES)]
+        if bad:
+            raise ValueError(
+                f"tvmamp.FastMath: dtypes {bad} are not among float32, float16, bfloat16"
+            )
+        self.dtypes = tuple(dtypes)
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         """Rewrite the calls of every Relax function of ``mod``."""
-        rewriter = _Rewriter(mod)
+        rewriter = _Rewriter(mod, self.dtypes)
         for gvar, func in mod.functions_items():
             if isinstance(func, relax.Function):
                 rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
         return rewriter.builder_.get()
 
 
-__all__ = ["FAST", "LowPrecisionFastMath"]
+def LowPrecisionFastMath() -> FastMath:  # noqa: N802 (kept as the pass's former class name)
+    """:class:`FastMath` on fp16/bf16 only: fp32 ops keep TVM's exact (libm) functions."""
+    return FastMath(LOW_DTYPES)
+
+
+__all__ = ["FAST", "FastMath", "LowPrecisionFastMath"]

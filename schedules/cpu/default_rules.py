@@ -13,6 +13,7 @@ from .conv import CPUConv2d
 from .elementwise import CPUElementwise
 from .fp16_matmul import CPUMatmulFP16, has_f16c
 from .matmul import CPUMatmul
+from .reduction import CPURowReduction
 
 
 def default_cpu_rules(target: Target) -> list[dl.ScheduleRule]:
@@ -42,7 +43,8 @@ def default_cpu_rules(target: Target) -> list[dl.ScheduleRule]:
             f"tvmamp.schedules.cpu.default_cpu_rules: target kind {target.kind.name!r} is not "
             "'llvm'"
         )
-    rules = [CPUMatmul(), CPUConv2d(), CPUElementwise(), dl.cpu.GEMV(), dl.cpu.Reduction()]
+    rules = [CPUMatmul(), CPUConv2d(), CPUElementwise(), CPURowReduction()]
+    rules += [dl.cpu.GEMV(), dl.cpu.Reduction()]
     if has_f16c(target):
         rules = [CPUMatmulFP16(), *rules]
     if has_avx512bf16(target):

@@ -5,11 +5,13 @@ import math
 import numpy as np
 import pytest
 import tvm
-from tolerances import assert_close
+from tolerances import assert_close, tolerance
 from tvm import relax
 
 import tvmamp
-from tvmamp.relay_passes.fast_math import LowPrecisionFastMath
+from tvmamp.pipeline import legalize_passes
+from tvmamp.relay_passes.fast_math import FastMath, LowPrecisionFastMath
+from tvmamp.schedules.cpu import cpu_schedule_passes
 from tvmamp.tensors import np_dtype
 
 SHAPE = (4, 96)
@@ -71,7 +73,7 @@ RTOL = {"float16": 1e-3, "bfloat16": 8e-3}
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_numerics_and_no_scalar_libm_calls(dtype):
-    """O3 runs all four low; the kernels match numpy and call no scalar erff/expf/tanhf."""
+    """O3 runs all four low, O0 in fp32; both match numpy and call no scalar erff/expf/tanhf."""
     x = np.random.default_rng(0).uniform(-3, 3, SHAPE).astype("float32")
     low = np_dtype(dtype)
     x_low = x.astype(low).astype("float32")  # the input the low kernels see
@@ -83,5 +85,58 @@ def test_numerics_and_no_scalar_libm_calls(dtype):
     llvm_ir = exe.get_source("ll")
     for libm in ("@erff(", "@expf(", "@tanhf("):
         assert f"call float {libm}" not in llvm_ir and f"declare float {libm}" not in llvm_ir
-    fp32 = tvmamp.build(_module("float32"), "O0", "llvm").get_source("ll")
-    assert "erff" in fp32  # the fp32 build stays exact (libm)
+    fp32 = tvmamp.build(_module("float32"), "O0", "llvm")
+    for name, out, ref in zip(("gelu", "softmax", "exp", "tanh"), fp32(x), _reference(x)):
+        assert_close(out, ref, **tolerance("float32"), what=f"fp32 {name}")
+    llvm_ir = fp32.get_source("ll")
+    for libm in ("@erff(", "@expf(", "@tanhf("):  # fp32 gets the vector polynomials too
+        assert f"call float {libm}" not in llvm_ir and f"declare float {libm}" not in llvm_ir
+
+
+def _unary(op, shape=(3, 77), dtype="float32"):
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(shape, dtype))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(op(x))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+_ELEMENTWISE = (relax.op.exp, relax.op.sigmoid, relax.op.nn.silu)
+
+
+def test_fast_math_rejects_unknown_dtype():
+    with pytest.raises(ValueError, match="float64.*float32, float16, bfloat16"):
+        FastMath(("float64",))
+
+
+@pytest.mark.parametrize(
+    "op, ref",
+    [
+        (relax.op.exp, np.exp),
+        (relax.op.sigmoid, lambda v: 1 / (1 + np.exp(-v))),
+        (relax.op.nn.silu, lambda v: v / (1 + np.exp(-v))),
+        # softmax: x - max rounds in fp32 first (as libm's would), so a relative bound
+        (lambda x: relax.op.nn.softmax(x, axis=-1), lambda v: _reference(v)[1]),
+    ],
+)
+def test_fp32_fast_kernels_are_accurate_and_call_no_libm(op, ref):
+    """FastMath on fp32: within 4 fp32 ulps of float64 numpy (softmax: 1e-5 relative, as
+    the O0 tolerance), no scalar ``expf`` left."""
+    mod = FastMath()(_unary(op))
+    assert any(gv.name_hint.endswith("_fast") for gv in mod.get_global_vars())
+    x = np.random.default_rng(3).uniform(-20, 20, (3, 77)).astype("float32")
+    if op is relax.op.exp:
+        x *= 4  # the whole range, to |x| = 80
+    target = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 1})
+    with target:
+        lowered = tvm.transform.Sequential([*legalize_passes(), *cpu_schedule_passes(target)])(mod)
+    exe = tvm.compile(lowered, target=target)
+    vm = relax.VirtualMachine(exe, tvm.cpu())
+    out = vm["main"](tvm.runtime.tensor(x)).numpy().astype("float64")
+    expected = ref(x.astype("float64"))
+    ulp = np.spacing(np.abs(expected).astype("float32")).astype("float64")
+    bound = 4 * ulp if op in _ELEMENTWISE else 1e-5 * np.abs(expected)
+    assert (np.abs(out - expected) <= bound + 1e-30).all()
+    assert "expf" not in exe.mod.inspect_source("ll")

@@ -1,0 +1,192 @@
+"""Row reductions on the CPU (softmax, layer norm, RMS norm, mean): one row per task, SIMD inside.
+
+TVM's ``dlight.cpu.Reduction`` leaves every reduction scalar (a serial ``max``/``sum`` over the
+row, 4-8 ns per element on softmax and layer norm). Here each reduction is split into a SIMD
+register of partial results (``rfactor``) that the row streams through, and only the last
+``lanes`` values are combined one by one. Each reduction must cover a multiple of the
+register width (TVM 0.27's ``compute_at`` drops the predicate of a partial chunk); the fast-math
+softmax splits its rows into such a body and a tail. Injective loops of a ragged length are left
+to LLVM's loop vectoriser, which adds a scalar tail (TVM would scalarise a predicated vector
+loop whole).
+"""
+
+from __future__ import annotations
+
+from tvm import s_tir, tirx
+from tvm.s_tir.dlight.analysis import SBlockInfo, normalize_prim_func
+from tvm.s_tir.schedule import ScheduleError
+from tvm.target import Target
+
+from .common import CPURule, NotApplicable, static_extent, use_parallel, vector_lanes
+
+
+class CPURowReduction(CPURule):
+    """Softmax-, norm- and mean-like functions: reductions over the trailing axes of each row.
+
+    Fits a static-shape function whose blocks all share their leading spatial axes (the rows),
+    with at least one reduction, each over a multiple of the SIMD width, and an injective last
+    block. Casts and other injective blocks
+    before the first reduction, and per-row scalars (a mean), are inlined; epilogues are
+    inlined into the last block. Rows run in a fused outer loop (parallel when the target has
+    several cores and the work is large enough); inside a row every remaining block is a
+    vectorised loop, each reduction accumulating one SIMD register of partial results.
+    """
+
+    def apply(  # pylint: disable=missing-function-docstring
+        self, func: tirx.PrimFunc, target: Target, _: bool
+    ) -> s_tir.Schedule | None:
+        sch = self.static_schedule(func, target)
+        if sch is None:
+            return None
+        try:
+            return sch if _schedule(sch, target) else None
+        except (NotApplicable, ScheduleError):
+            return None
+
+
+def _infos(sch: s_tir.Schedule) -> list[SBlockInfo] | None:
+    infos = normalize_prim_func(sch)
+    if not infos or not any(not b.is_injective() for b in infos):
+        return None
+    return infos
+
+
+def _leading_spatial(info: SBlockInfo) -> int:
+    kinds = info.dom_kind()
+    return len(kinds) - len(kinds.lstrip("S"))
+
+
+def _is_row_reduction(info: SBlockInfo, rows: int) -> bool:
+    """``S..S R..R`` with exactly ``rows`` leading spatial axes and a single output."""
+    kinds = info.dom_kind()
+    return kinds == "S" * rows + "R" * (len(kinds) - rows) and len(kinds) > rows
+
+
+def _schedule(sch: s_tir.Schedule, target: Target) -> bool:
+    infos = _infos(sch)
+    if infos is None:
+        return False
+    _inline(sch, infos)
+    infos = _infos(sch)
+    if infos is None or not infos[-1].is_injective():
+        return False
+    rows = min(_leading_spatial(b) for b in infos)
+    if rows == 0:
+        return False
+    for info in infos:
+        if not info.is_injective() and not _is_row_reduction(info, rows):
+            return False
+    last = infos[-1].block_rv
+    lanes = vector_lanes(target, "float32")
+    lengths = [_row_length(sch, b.block_rv, rows) for b in infos if not b.is_injective()]
+    if any(n % lanes and n >= 2 * lanes for n in lengths):
+        return False  # a long ragged reduction would stay scalar, as in dlight.cpu.Reduction
+    work = sum(_iterations(sch, b.block_rv) for b in infos)
+    partials = {}
+    for info in infos:
+        if not info.is_injective():
+            partials[id(info)] = _rfactor(sch, info.block_rv, rows, lanes)
+    row = sch.fuse(*sch.get_loops(last)[:rows])
+    if use_parallel(target, work):
+        sch.parallel(row)
+    _vector_inner(sch, last, lanes)
+    for info in reversed(infos[:-1]):
+        sch.compute_at(info.block_rv, row, preserve_unit_loops=True)
+        if info.is_injective():
+            _vector_inner(sch, info.block_rv, lanes)
+        elif partials[id(info)] is not None:
+            sch.compute_at(partials[id(info)], row, preserve_unit_loops=True)
+            _vector_partial(sch, partials[id(info)])
+    return True
+
+
+def _row_length(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, rows: int) -> int:
+    """The number of elements one row of the reduction ``block`` reduces."""
+    length = 1
+    for iv in sch.get(block).iter_vars[rows:]:
+        length *= static_extent(iv.dom.extent)
+    return length
+
+
+def _iterations(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> int:
+    extents = [static_extent(iv.dom.extent) for iv in sch.get(block).iter_vars]
+    total = 1
+    for extent in extents:
+        total *= extent or 1
+    return total
+
+
+def _inline(sch: s_tir.Schedule, infos: list[SBlockInfo]) -> None:
+    """Inline prologue blocks (before the first reduction), per-row scalars and epilogues.
+
+    Injective blocks with inner axes between two reductions (softmax's ``exp``) are kept, so
+    that their value is computed once and read back from a row-sized buffer.
+    """
+    first = next(i for i, b in enumerate(infos) if not b.is_injective())
+    last_red = max(i for i, b in enumerate(infos) if not b.is_injective())
+    rows = min(_leading_spatial(b) for b in infos)
+    for i, info in enumerate(infos):
+        scalar = len(info.iters) <= rows
+        if info.is_injective() and (i < first or (scalar and i != len(infos) - 1)):
+            try:
+                sch.compute_inline(info.block_rv)
+            except ScheduleError:
+                pass
+    epilogue = [
+        b for i, b in enumerate(infos) if i > last_red and b.is_injective() and len(b.iters) > rows
+    ]
+    for info in reversed(epilogue[1:]):
+        try:
+            sch.reverse_compute_inline(info.block_rv)
+        except ScheduleError:
+            pass
+
+
+def _rfactor(
+    sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, rows: int, lanes: int
+) -> s_tir.schedule.SBlockRV | None:
+    """Split the reduction of ``block`` into ``lanes`` partial results; return their block.
+
+    None (the reduction stays scalar) when the row is shorter than two vectors. Rows must be a
+    multiple of ``lanes``: ``compute_at`` drops the predicate of a partial last chunk from an
+    ``rfactor`` block (TVM 0.27), so the rule declines ragged rows; a kernel's producer can
+    split them into a body and a tail (``relay_passes/fast_math.py`` does for softmax).
+    """
+    loops = sch.get_loops(block)[rows:]
+    red = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+    extent = static_extent(sch.get(red).extent)
+    if extent < 2 * lanes:
+        return None
+    _, lane = sch.split(red, [None, lanes])
+    return sch.rfactor(lane, factor_axis=rows)
+
+
+def _vector_partial(sch: s_tir.Schedule, partial: s_tir.schedule.SBlockRV) -> None:
+    """Vectorise a partial-result block moved under its row loop: its init and its update.
+
+    ``compute_at`` leaves its loops as ``row, lane, 1.., chunk``: the chunk loop goes outside
+    and the lane loop is vectorised, the partial results staying in one register.
+    """
+    loops = sch.get_loops(partial)
+    lane, chunk = loops[1], loops[-1]
+    sch.reorder(chunk, lane)
+    sch.vectorize(lane)
+    sch.decompose_reduction(partial, chunk)  # the init's copy of the lane loop stays vectorised
+
+
+def _vector_inner(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes: int) -> None:
+    """Vectorise the axes of ``block`` inside the row loop (fused).
+
+    A row that is no multiple of ``lanes`` is left as one plain loop: TVM would scalarise a
+    predicated vector loop whole, while LLVM's loop vectoriser adds a scalar tail itself.
+    """
+    loops = sch.get_loops(block)
+    inner = loops[1:] if len(loops) > 1 else []
+    if not inner:
+        return
+    fused = sch.fuse(*inner) if len(inner) > 1 else inner[0]
+    extent = static_extent(sch.get(fused).extent)
+    if extent < lanes or extent % lanes:
+        return
+    _, vec = sch.split(fused, [None, lanes])
+    sch.vectorize(vec)
