@@ -1,0 +1,255 @@
+"""NCHW conv2d analysis shared by the direct conv schedules: matching, tile choice, staging.
+
+A (grouped) conv block is ``O[n, f, y, x] += D[n, f // Fg * Cg + c, y', x'] * W[f, c, ky, kx]``
+with ``G`` groups of ``Fg`` output and ``Cg`` input channels (``G == 1``: a dense conv;
+``Cg == 1, G == C``: depthwise with channel multiplier ``Fg``). Two register tilings exist:
+
+* ``filters``: a vector runs over ``tile_f`` output channels of one group and the data is
+  broadcast (:mod:`.conv`); good when ``Fg`` fills vectors;
+* ``groups``: a vector runs over ``tile_g`` groups, all ``Fg`` channels of each unrolled, on
+  data laid out with the groups innermost (:mod:`.grouped_conv`); good for depthwise convs and
+  groups narrower than a vector.
+
+:func:`choose_plan` scores both with one model of the inner loop (FMAs and loads per
+reduction step) and returns the better.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tvm import s_tir, tirx
+from tvm.s_tir.dlight.analysis import get_root_block
+from tvm.s_tir.dlight.gpu.matmul import get_reduction_blocks
+from tvm.s_tir.schedule import LoopRV, SBlockRV
+from tvm.sym.analyzer import Analyzer
+from tvm.target import Target
+
+from .bf16_common import mark_preproc, reads_only_params
+from .common import inline_epilogue, schedule_injective, use_parallel, vector_lanes
+
+
+@dataclass(frozen=True)
+class ConvShape:
+    """Extents of a matched conv block: output ``[n, f, oh, ow]``, ``groups``, ``fg``, ``cg``."""
+
+    f: int
+    oh: int
+    ow: int
+    groups: int
+    fg: int
+    cg: int
+
+
+@dataclass(frozen=True)
+class TilePlan:
+    """A register tiling: ``mode`` (``filters`` or ``groups``), the vector's channel or group
+    count ``tile_v``, and the output rows and columns ``tile_y x tile_x`` of one tile."""
+
+    mode: str
+    tile_v: int
+    tile_y: int
+    tile_x: int
+    score: float
+
+
+def _index_vars(region) -> list[tirx.Var | None]:
+    """Return each index of ``region`` when it is a bare variable, else ``None``."""
+    return [rng.min if isinstance(rng.min, tirx.Var) else None for rng in region]
+
+
+def match_conv2d(block: s_tir.SBlock) -> ConvShape | None:
+    """Match ``O[n, f, y, x] += D[n, f // Fg * Cg + c, ., .] * W[f, c, ky, kx]``; its shape."""
+    if len(block.reads) != 2 or len(block.writes) != 1 or len(block.iter_vars) != 7:
+        return None
+    kinds = "".join("S" if iv.iter_type == tirx.IterVar.DataPar else "R" for iv in block.iter_vars)
+    if kinds != "SSSSRRR":
+        return None
+    n, f, y, x, c, ky, kx = (iv.var for iv in block.iter_vars)
+    data, weight = block.reads
+    if _index_vars(block.writes[0].region) != [n, f, y, x]:
+        return None
+    if _index_vars(weight.region) != [f, c, ky, kx] or len(data.region) != 4:
+        return None
+    if _index_vars(data.region)[0] != n:
+        return None
+    extents = [int(iv.dom.extent) for iv in block.iter_vars]
+    channels, cg = int(data.source.shape[1]), extents[4]
+    if channels % cg or extents[1] % (channels // cg):
+        return None
+    groups = channels // cg
+    fg = extents[1] // groups
+    analyzer = Analyzer()
+    for iv in block.iter_vars:
+        analyzer.bind(iv.var, iv.dom)
+    expected = tirx.floordiv(f, fg) * cg + c
+    if not analyzer.can_prove_equal(data.region[1].min, expected):
+        return None
+    return ConvShape(extents[1], extents[2], extents[3], groups, fg, cg)
+
+
+def find_conv(sch: s_tir.Schedule) -> tuple[SBlockRV, ConvShape] | None:
+    """Return the conv block of ``sch`` and its shape, when the function is one conv."""
+    blocks = sch.get_child_blocks(get_root_block(sch))
+    reductions = get_reduction_blocks(sch, blocks)
+    if reductions is None or len(reductions) != 1:
+        return None
+    shape = match_conv2d(sch.get(reductions[0]))
+    return None if shape is None else (reductions[0], shape)
+
+
+def _divisors(extent: int, limit: int) -> list[int]:
+    return [d for d in range(1, min(extent, limit) + 1) if extent % d == 0]
+
+
+def vector_width(tile: int, lanes: int) -> int:
+    """The largest power of two that divides ``tile`` and is at most ``lanes``.
+
+    Vectors are powers of two: LLVM legalises a 40-wide float vector into a tangle of element
+    inserts and spills, so a 40-channel tile is five 8-wide vectors instead.
+    """
+    return math.gcd(tile & -tile, lanes)
+
+
+def _score(useful: float, weights: int, pixels: int) -> float:
+    """Vector-FMA efficiency of one reduction step: ``weights * pixels`` FMAs on 2 ports, and
+    ``weights + pixels`` loads on 3; ``useful`` is the fraction of vector lanes that count."""
+    cycles = max(weights * pixels / 2, (weights + pixels) / 3)
+    return useful * weights * pixels / 2 / cycles
+
+
+def choose_plan(shape: ConvShape, lanes: int, registers: int) -> TilePlan:
+    """The best register tiling of ``shape`` with ``registers`` accumulator vectors.
+
+    Pixel tiles are ``tile_y x tile_x`` with ``tile_y | oh`` and ``tile_x | ow``; a
+    ``filters`` tile takes ``tile_f | Fg`` channels (``tile_f / vector_width`` vectors), a
+    ``groups`` tile ``tile_g | G`` groups, a power of two (one vector per channel of the
+    group). Ties go to
+    the larger tile.
+    """
+    best = None
+    options = []
+    for tile in _divisors(shape.fg, 3 * lanes):
+        width = vector_width(tile, lanes)
+        options.append(("filters", tile, tile // width, width / lanes))
+    if shape.groups > 1 and shape.fg <= registers // 2:
+        for tile in _divisors(shape.groups, lanes):
+            if vector_width(tile, lanes) == tile:
+                options.append(("groups", tile, shape.fg, tile / lanes))
+    for mode, tile_v, weights, useful in options:
+        for tile_y in _divisors(shape.oh, registers):
+            for tile_x in _divisors(shape.ow, registers):
+                if weights * tile_y * tile_x > registers:
+                    continue
+                plan = TilePlan(
+                    mode, tile_v, tile_y, tile_x, _score(useful, weights, tile_y * tile_x)
+                )
+                key = (round(plan.score, 3), tile_v * tile_y * tile_x, tile_x)
+                if best is None or key > best[0]:
+                    best = (key, plan)
+    return best[1]
+
+
+def stage_data(sch: s_tir.Schedule, conv: SBlockRV, dtype: str, always: bool) -> SBlockRV | None:
+    """Return a block that writes the conv's (padded) input in ``dtype``, or None if not needed.
+
+    The padding block, when there is one, becomes that block; otherwise a copy is made (when
+    ``always`` or when the input is not ``dtype``: bf16/fp16 inputs are widened once, so the
+    inner loop reads fp32).
+    """
+    data = sch.get(conv).reads[0].source
+    producer = next((p for p in sch.get_producers(conv) if _writes(sch, p, data)), None)
+    if producer is None and not always and str(data.dtype) == dtype:
+        return None
+    if producer is None or sch.get_producers(producer):
+        producer = sch.cache_read(conv, 0, "global")
+    if str(sch.get(producer).writes[0].source.dtype) != dtype:
+        sch.unsafe_set_dtype(producer, 0, dtype)
+    return producer
+
+
+def _writes(sch: s_tir.Schedule, block: SBlockRV, buffer: tirx.Buffer) -> bool:
+    return any(w.source.same_as(buffer) for w in sch.get(block).writes)
+
+
+def pack_weight(sch: s_tir.Schedule, conv: SBlockRV, dtype: str, index_map) -> SBlockRV:
+    """Copy the conv weight into the layout ``index_map`` (of ``f, c, ky, kx``), in ``dtype``.
+
+    The copy is marked for :class:`.bf16_passes.SplitPreproc`, which moves it out of the
+    kernel and evaluates it at compile time when the weight is a constant.
+    """
+    pack = sch.reindex(conv, ("read", 1))
+    if str(sch.get(pack).writes[0].source.dtype) != dtype:
+        sch.unsafe_set_dtype(pack, 0, dtype)
+    sch.transform_layout(pack, ("write", 0), index_map)
+    if reads_only_params(sch, pack):
+        mark_preproc(sch, pack)
+    return pack
+
+
+def accumulate_dtype(sch: s_tir.Schedule, conv: SBlockRV) -> str:
+    """The dtype the conv accumulates in (its output buffer's)."""
+    return str(sch.get(conv).writes[0].source.dtype)
+
+
+def tile_pixels(
+    sch: s_tir.Schedule, conv: SBlockRV, plan: TilePlan, head: list, tail: list
+) -> tuple[LoopRV, LoopRV]:
+    """Order ``(*head, y/ty, x/tx, c, ky, kx, ty, tx, *tail)``, unroll ``ty, tx``.
+
+    ``head`` and ``tail`` are the split channel loops, before the conv's last five loops
+    ``y, x, c, ky, kx``; returns the fused outer loop
+    (``*head, y/ty``) and the column-tile loop.
+    """
+    y, x, c, ky, kx = sch.get_loops(conv)[-5:]
+    y_outer, y_inner = sch.split(y, [None, plan.tile_y])
+    x_outer, x_inner = sch.split(x, [None, plan.tile_x])
+    sch.reorder(*head, y_outer, x_outer, c, ky, kx, y_inner, x_inner, *tail)
+    sch.unroll(y_inner)
+    sch.unroll(x_inner)
+    return sch.fuse(*head, y_outer), x_outer
+
+
+def finish(
+    sch: s_tir.Schedule,
+    conv: SBlockRV,
+    outer: LoopRV,
+    x_outer: LoopRV,
+    acc_layout,
+    target: Target,
+) -> None:
+    """Accumulate in a ``local`` tile laid out by ``acc_layout``, inline the epilogue into its
+    write-back, parallelise ``outer`` and vectorise the blocks that feed the conv."""
+    acc = sch.cache_write(conv, 0, "local")
+    sch.transform_layout(conv, ("write", 0), acc_layout)
+    sch.reverse_compute_at(acc, x_outer, preserve_unit_loops=True)
+    inline_epilogue(sch, acc)
+    sch.vectorize(sch.get_loops(acc)[-1])
+    work = math.prod(int(iv.dom.extent) for iv in sch.get(conv).iter_vars)
+    parallel = use_parallel(target, work)
+    for block in _producers(sch, conv):  # the data copy, padding, dilation, weight packing
+        if not _is_scheduled(sch, block):
+            schedule_injective(sch, block, vector_lanes(target), parallel)
+    if parallel:
+        sch.parallel(outer)  # before decompose_reduction, which breaks the check
+    loops = [sch.get(loop) for loop in sch.get_loops(conv)]
+    c_loop = sch.get_loops(conv)[[loop.same_as(sch.get(x_outer)) for loop in loops].index(True) + 1]
+    init = sch.decompose_reduction(conv, c_loop)
+    sch.vectorize(sch.get_loops(init)[-1])
+
+
+def _producers(sch: s_tir.Schedule, block: SBlockRV) -> list[SBlockRV]:
+    """Every block that ``block`` depends on, transitively, nearest first."""
+    found, queue = [], list(sch.get_producers(block))
+    while queue:
+        producer = queue.pop(0)
+        if not any(sch.get(producer).same_as(sch.get(b)) for b in found):
+            found.append(producer)
+            queue.extend(sch.get_producers(producer))
+    return found
+
+
+def _is_scheduled(sch: s_tir.Schedule, block: SBlockRV) -> bool:
+    """Whether a loop of ``block`` is already vectorised."""
+    return any(sch.get(loop).kind == tirx.ForKind.VECTORIZED for loop in sch.get_loops(block))

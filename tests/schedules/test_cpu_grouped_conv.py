@@ -1,0 +1,187 @@
+"""Grouped and depthwise conv2d on CPU: scheduled (never naive loops) and numerically right."""
+
+from __future__ import annotations
+
+import re
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import tvm
+from tvm import relax, s_tir, tirx
+
+import tvmamp
+from tvmamp.pipeline import run_front_phases
+from tvmamp.schedules.cpu import CPUConv2d
+from tvmamp.schedules.cpu.conv_common import ConvShape, choose_plan, find_conv
+from tvmamp.targets.cpu_features import cpu_level_features, host_cpu_features
+
+KINDS = ("x86-64-v3", "skylake-avx512", "znver4", "sapphirerapids")
+LEVEL = {"float32": "O0", "bfloat16": "O2", "float16": "O2"}
+# (input NCHW, out channels, kernel, stride, padding, dilation, groups), odd sizes on purpose.
+CASES = {
+    "groups3": ((2, 9, 11, 10), 15, 3, 1, 1, 1, 3),  # Cg 3, Fg 5
+    "groups3_1x1": ((1, 48, 7, 9), 30, 1, 1, 0, 1, 3),  # no padding block, Fg 10
+    "groups2_5x5": ((1, 20, 9, 9), 36, 5, 1, 2, 1, 2),
+    "groups4_stride2": ((1, 32, 13, 11), 40, 3, 2, 1, 1, 4),
+    "depthwise_stride2": ((2, 24, 13, 12), 24, 3, 2, 1, 1, 24),
+    "depthwise_x2_dilated": ((1, 20, 11, 11), 40, 3, 1, 2, 2, 20),
+    "narrow_groups": ((1, 64, 8, 8), 64, 3, 1, 1, 1, 32),  # ResNeXt-like, Fg 2
+}
+
+
+def conv_model(case, epilogue: str = "bias_relu") -> tuple[torch.nn.Module, tvm.IRModule]:
+    """A seeded torch conv with its epilogue, and the same as a Relax module with constants."""
+    shape, f, k, s, p, d, g = case
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(shape[1], f, k, s, p, dilation=d, groups=g)
+    bn = torch.nn.BatchNorm2d(f).eval()
+    with torch.no_grad():
+        bn.running_mean.uniform_(-0.5, 0.5)
+        bn.running_var.uniform_(0.5, 2.0)
+        bn.weight.uniform_(0.5, 1.5)
+        bn.bias.uniform_(-0.5, 0.5)
+    if epilogue == "bias_relu":
+        model = torch.nn.Sequential(conv, torch.nn.ReLU())
+    else:
+        model = torch.nn.Sequential(conv, bn, torch.nn.ReLU6())
+    model = model.eval()
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(shape, "float32"))
+
+    def const(t: torch.Tensor) -> relax.Constant:
+        return relax.const(t.detach().numpy().astype("float32"))
+
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(
+                relax.op.nn.conv2d(
+                    x, const(conv.weight), strides=s, padding=p, dilation=d, groups=g
+                )
+            )
+            y = bb.emit(relax.op.add(y, const(conv.bias.reshape(1, f, 1, 1))))
+            if epilogue == "bias_relu":
+                y = bb.emit(relax.op.nn.relu(y))
+            else:
+                stats = [const(t) for t in (bn.weight, bn.bias, bn.running_mean, bn.running_var)]
+                y = bb.emit(
+                    relax.op.nn.batch_norm(y, *stats, axis=1, epsilon=bn.eps, training=False)[0]
+                )
+                y = bb.emit(relax.op.clip(y, 0.0, 6.0))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    return model, bb.get()
+
+
+def runnable(kind: str) -> bool:
+    host = host_cpu_features()
+    return host is not None and set(cpu_level_features(kind)) <= host
+
+
+def check_close(out: np.ndarray, ref: np.ndarray, dtype: str) -> None:
+    """fp32: 1e-4 relative to the output's scale; bf16/fp16: 2e-2 (inputs rounded to low)."""
+    tol = 1e-4 if dtype == "float32" else 2e-2
+    scale = float(np.abs(ref).max())
+    np.testing.assert_allclose(out, ref, rtol=tol, atol=tol * scale)
+
+
+def build_and_run(mod, x: np.ndarray, dtype: str, target: str) -> np.ndarray:
+    low = None if dtype == "float32" else dtype
+    exe = tvmamp.build(mod, LEVEL[dtype], target, dtype=low)
+    return exe.vm["main"](tvm.runtime.tensor(x, exe.device)).numpy()
+
+
+def conv_kernels(mod: tvm.IRModule, target: str, dtype: str = "float32") -> list[tirx.PrimFunc]:
+    """The fused conv kernels of ``mod`` converted for ``dtype``, legalised and fused."""
+    low = None if dtype == "float32" else dtype
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        lowered = run_front_phases(tvmamp.convert(mod, LEVEL[dtype], target, dtype=low))
+    return [
+        func
+        for _, func in lowered.functions_items()
+        if isinstance(func, tirx.PrimFunc) and find_conv(s_tir.Schedule(func)) is not None
+    ]
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_grouped_conv_matches_torch(rng, name, dtype):
+    model, mod = conv_model(CASES[name])
+    x = rng.standard_normal(CASES[name][0]).astype("float32")
+    with torch.no_grad():
+        ref = model(torch.from_numpy(x)).numpy()
+    check_close(build_and_run(mod, x, dtype, "llvm -num-cores=2"), ref, dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("name", ["depthwise_stride2", "groups3"])
+def test_batch_norm_and_relu6_epilogue(rng, name, dtype):
+    model, mod = conv_model(CASES[name], epilogue="bn_relu6")
+    x = rng.standard_normal(CASES[name][0]).astype("float32")
+    with torch.no_grad():
+        ref = model(torch.from_numpy(x)).numpy()
+    check_close(build_and_run(mod, x, dtype, "llvm -num-cores=1"), ref, dtype)
+    target = tvmamp.convert(mod, "O0", "llvm -num-cores=1").target
+    for kernel in conv_kernels(mod, "llvm -num-cores=1", dtype):  # with what FuseOps fused
+        assert CPUConv2d().apply(kernel, target, False) is not None
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_rule_schedules_every_group_count(name):
+    """The conv rule takes every grouped conv: vectorised, register-tiled, nothing naive."""
+    target = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
+    (func,) = conv_kernels(conv_model(CASES[name])[1], "llvm -mcpu=znver4")
+    sch = CPUConv2d().apply(func, target, False)
+    assert sch is not None, f"{name}: CPUConv2d left the grouped conv to the naive fallback"
+    script = sch.mod["main"].script()
+    assert re.search(r"in T\.vectorized\(", script)
+    assert re.search(r"in T\.unroll\(", script)
+    assert 'scope="local"' in script  # the accumulator tile
+
+
+@pytest.mark.parametrize(
+    ("shape", "mode", "width"),
+    [
+        (ConvShape(144, 56, 56, groups=144, fg=1, cg=1), "groups", 16),  # depthwise
+        (ConvShape(64, 56, 56, groups=32, fg=2, cg=1), "groups", 16),  # multiplier 2
+        (ConvShape(256, 27, 27, groups=2, fg=128, cg=48), "filters", 32),  # AlexNet
+        (ConvShape(120, 14, 14, groups=3, fg=40, cg=160), "filters", 40),  # ShuffleNet
+        (ConvShape(512, 7, 7, groups=32, fg=16, cg=16), "filters", 16),  # ResNeXt
+    ],
+)
+def test_plan_vectorises_the_wide_axis(shape, mode, width):
+    plan = choose_plan(shape, lanes=16, registers=24)
+    assert (plan.mode, plan.tile_v) == (mode, width)
+    assert plan.tile_y * plan.tile_x > 1  # a register tile of several output pixels
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_forced_cpu_kinds(rng, kind, dtype):
+    """Each CPU kind: run where the host can, else check the conv kernels' vector FMAs."""
+    name = "narrow_groups"  # vectors of 16 groups: full zmm FMAs with AVX-512
+    model, mod = conv_model(CASES[name])
+    target = f"llvm -mcpu={kind} -num-cores=2"
+    if runnable(kind):
+        x = rng.standard_normal(CASES[name][0]).astype("float32")
+        with torch.no_grad():
+            ref = model(torch.from_numpy(x)).numpy()
+        with warnings.catch_warnings():  # bf16 without avx512_bf16 warns that it is emulated
+            warnings.simplefilter("ignore", UserWarning)
+            check_close(build_and_run(mod, x, dtype, target), ref, dtype)
+        return
+    (func,) = conv_kernels(mod, target, dtype)
+    tvm_target = tvmamp.convert(mod, "O0", target).target
+    sch = CPUConv2d().apply(func, tvm_target, False)
+    assert sch is not None
+    lib = tvm.tirx.build(
+        tvm.IRModule({"conv": sch.mod["main"].with_attr("global_symbol", "conv")}),
+        target=tvm_target,
+    )
+    asm = lib.inspect_source("asm")
+    register = "zmm" if "avx512f" in cpu_level_features(kind) else "ymm"
+    assert re.search(rf"vfmadd\w+ps\s+%{register}", asm), f"no {register} FMA for -mcpu={kind}"
+    if dtype == "float16":
+        assert "vcvtph2ps" in asm  # fp16 widened with F16C, once, outside the FMA loop
