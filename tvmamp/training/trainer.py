@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import tvm
 from tvm import relax
@@ -16,6 +18,8 @@ from .losses import loss_function
 from .model import initial_params, load_forward
 from .optimizers import SGD, resolve_optimizer
 from .step import StepBuilder
+
+logger = logging.getLogger("tvmamp.training")
 
 
 def default_scaler(level: str, dtype: str) -> LossScale:
@@ -89,8 +93,7 @@ class Trainer:
         # The adjoint and the optimizer are private functions: inlined into train_step, their
         # kernels fuse with the step's (the 1/scale unscale into the weight-gradient matmuls,
         # the optimizer update with its where(all finite, new, old) selection).
-        inlined = relax.transform.InlinePrivateFunctions()(self.mod)
-        self.executable = compile_converted(Converted(inlined, *_rest(converted)))
+        self.executable = compile_converted(Converted(_inline_private(self.mod), *_rest(converted)))
         self._init_state(values, steps.opt.state)
 
     def _init_state(self, values, optim_state):
@@ -169,6 +172,23 @@ class Trainer:
     def show(self) -> None:
         """Print the training module, where the loss-scale ops are named ``amp_*``."""
         print(self.script())
+
+
+def _inline_private(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` with its private functions inlined into their callers (``grads``, ``train_step``).
+
+    TVM 0.27's ``InlinePrivateFunctions`` can leave a caller's dataflow variable used outside
+    its dataflow block (seen on the O3 fp16 adjoint); then ``mod`` is compiled as it is, with
+    the adjoint and optimizer as separate functions (correct, a few kernels more per step).
+    """
+    inlined = relax.transform.InlinePrivateFunctions()(mod)
+    try:
+        relax.analysis.well_formed(inlined)  # raises on the first violation
+    except ValueError as err:
+        problem = str(err).strip().splitlines()[-1]
+        logger.info("tvmamp.training: train step compiled without inlining: %s", problem)
+        return mod
+    return inlined
 
 
 def _rest(converted: Converted):
