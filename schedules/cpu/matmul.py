@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import tvm
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.gpu.matmul import auto_inline_producers
 from tvm.s_tir.schedule import LoopRV, SBlockRV
@@ -14,11 +15,13 @@ from .common import (
     CPURule,
     inline_epilogue,
     largest_divisor,
+    logger,
     use_parallel,
     vector_bits,
     vector_lanes,
     vectorize_tile,
 )
+from .gemv import GemvConfig, find_gemv_block, gemv_config, schedule_gemv
 from .matmul_analysis import b_is_k_contiguous, find_matmul_block, normalize
 
 
@@ -29,6 +32,11 @@ class CPUMatmul(CPURule):
     tile_j]`` panels, one panel per outer ``J`` iteration so that it stays in L2; each
     ``tile_i x tile_j`` accumulator lives in a ``local`` buffer that LLVM keeps in vector
     registers; the fused epilogue runs on the finished tile. Shapes must be static.
+
+    An fp32 GEMV or small-batch GEMM (few rows, a 2-D weight read from a parameter) gets the
+    schedule of :mod:`.gemv` instead: its weight is packed at compile time into panels that
+    stream contiguously. ``gemv=False`` turns that off; ``gemv_config`` replaces the
+    per-target :data:`.gemv.GEMV_CONFIGS`.
     """
 
     @dataclass
@@ -56,19 +64,48 @@ class CPUMatmul(CPURule):
     # Keyed by SIMD width in bits: 32 zmm registers hold 8x2 accumulators, 16 ymm hold 6x2.
     CONFIGS = {512: Config(), 256: Config(tile_i=6), 128: Config()}
 
+    def __init__(self, gemv: bool = True, gemv_config: GemvConfig | None = None):
+        self.gemv = gemv
+        self.gemv_config = gemv_config
+
     def get_config(self, target: Target) -> Config:
         """Return the tile configuration for ``target``."""
         return self.CONFIGS[vector_bits(target)]
 
+    def get_gemv_config(self, target: Target) -> GemvConfig | None:
+        """Return the GEMV configuration for ``target``, or None when GEMV is off."""
+        if not self.gemv:
+            return None
+        return self.gemv_config or gemv_config(target)
+
     def apply(  # pylint: disable=missing-function-docstring
         self, func: tirx.PrimFunc, target: Target, _: bool
     ) -> s_tir.Schedule | None:
+        sch = self._apply_gemv(func, target)
+        if sch is not None:
+            return sch
         return self.schedule_block(
             func,
             target,
             find_matmul_block,
             lambda sch, main: _schedule(sch, main, target, self.get_config(target)),
         )
+
+    def _apply_gemv(self, func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+        """The GEMV schedule of ``func``, or None (then the register tiles below apply)."""
+        gemv = self.get_gemv_config(target)
+        if gemv is None:
+            return None
+        try:
+            return self.schedule_block(
+                func,
+                target,
+                lambda sch: find_gemv_block(sch, gemv),
+                lambda sch, main: schedule_gemv(sch, main, target, gemv),
+            )
+        except (tvm.error.InternalError, ValueError) as err:
+            logger.info("CPUMatmul: the GEMV schedule failed, using the tiles: %s", err)
+            return None
 
 
 @dataclass
