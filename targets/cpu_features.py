@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import functools
+import os
 
 import tvm
 from tvm.target import codegen
@@ -117,6 +118,30 @@ def cpuinfo_flags() -> set[str] | None:
     except OSError:
         return None
     return None
+
+
+def physical_cores() -> int:
+    """Cores (not SMT threads) this process may run on, from /proc/cpuinfo and its affinity.
+
+    TVM's runtime, left to itself, takes half the logical CPUs of an x86 host (it assumes two
+    hardware threads per core), which leaves half of a VM whose vCPUs are whole cores idle.
+    Falls back to ``os.cpu_count()`` where /proc/cpuinfo has no topology.
+    """
+    allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    cores, processor, package = set(), None, "0"
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                key, _, value = (part.strip() for part in line.partition(":"))
+                if key == "processor":
+                    processor = int(value)
+                elif key == "physical id":
+                    package = value
+                elif key == "core id" and (allowed is None or processor in allowed):
+                    cores.add((package, value))
+    except (OSError, ValueError):
+        cores = set()
+    return len(cores) or len(allowed or ()) or os.cpu_count() or 1
 
 
 def _amx_permitted() -> bool:

@@ -9,7 +9,13 @@ import warnings
 import tvm
 from tvm.target import codegen
 
-from .cpu_features import CPU_LEVELS, cpu_level_features, cpuinfo_flags, host_cpu_features
+from .cpu_features import (
+    CPU_LEVELS,
+    cpu_level_features,
+    cpuinfo_flags,
+    host_cpu_features,
+    physical_cores,
+)
 from .cpu_guard import guard_passes
 from .llvm_lowering import tir_pipeline
 from .registry import DEFAULT_SPACE, DesignSpace, TargetEntry, register_target
@@ -56,9 +62,34 @@ def _covers(cpu: str, host: frozenset[str], system: str) -> bool:
     return len(cpu_level_features(system)) >= max(fitting, default=0)
 
 
+def _user_threads() -> int | None:
+    """The thread count the user gave TVM's runtime (``TVM_NUM_THREADS``, else
+    ``OMP_NUM_THREADS``, as the runtime reads them), or None."""
+    for name in ("TVM_NUM_THREADS", "OMP_NUM_THREADS"):
+        value = os.environ.get(name, "")
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    return None
+
+
 def _num_cores() -> int:
-    env = os.environ.get("TVM_NUM_THREADS")
-    return int(env) if env and env.isdigit() else (os.cpu_count() or 1)
+    """The default ``num-cores`` of CPU targets: the runtime's thread count."""
+    return _user_threads() or physical_cores()
+
+
+def set_default_threads() -> int:
+    """Make TVM's runtime use every physical core unless the user chose a thread count.
+
+    TVM's thread pool reads ``TVM_NUM_THREADS`` (else ``OMP_NUM_THREADS``) when it starts, and
+    without either takes half the logical CPUs on x86: one of the two vCPUs of a VM whose vCPUs
+    are cores. Called when this module is imported (with tvmamp); the CPU targets'
+    ``num-cores`` matches. Returns the thread count the runtime will use.
+    """
+    user = _user_threads()
+    if user is not None:
+        return user
+    os.environ["TVM_NUM_THREADS"] = str(physical_cores())
+    return physical_cores()
 
 
 def make_target(options: dict) -> tvm.target.Target:
@@ -167,3 +198,6 @@ ENTRY = register_target(
         meta_schedule_build="tvmamp.meta_schedule.llvm_build",
     )
 )
+
+# Before TVM's thread pool starts (it starts on the first parallel kernel): every physical core.
+set_default_threads()

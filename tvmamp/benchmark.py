@@ -8,10 +8,28 @@ import time
 import numpy as np
 import tvm
 
+# Calls before timing, for at least this long: a vCPU that was idle takes a few hundred
+# milliseconds of work to be scheduled at full speed again (SimpleNet at two threads: the first
+# 7 calls took 46 ms, the rest 26 ms), and thread pools spin up their workers.
+WARMUP_S = 0.3
+
+
+def warm_up(fns, seconds: float = WARMUP_S) -> None:
+    """Call each of ``fns`` in turn, at least once, until ``seconds`` have passed."""
+    end = time.perf_counter() + seconds
+    while True:
+        for fn in fns:
+            fn()
+        if time.perf_counter() >= end:
+            return
+
 
 def median_latency_ms(exe, inputs, repeat: int = 10, min_repeat_ms: int = 0) -> float:
-    """Median wall time of one call of ``main`` in milliseconds (TVM's time_evaluator)."""
+    """Median wall time of one call of ``main`` in milliseconds (TVM's time_evaluator), after
+    :func:`warm_up`."""
     args = [tvm.runtime.tensor(np.asarray(x), exe.device) for x in inputs]
+    main = exe.vm["main"]
+    warm_up([lambda: main(*args)])
     timer = exe.vm.time_evaluator(
         "main", exe.device, number=1, repeat=repeat, min_repeat_ms=min_repeat_ms
     )
@@ -40,11 +58,10 @@ def max_rel_error(out, ref) -> float:
 def paired_medians(fns, repeat: int = 20, number: int = 1) -> list[float]:
     """Time ``fns`` interleaved, so machine noise hits them alike; median seconds per call each.
 
-    Each of ``repeat`` rounds times ``number`` calls of every function in turn, after one warm-up
-    call of each.
+    Each of ``repeat`` rounds times ``number`` calls of every function in turn, after
+    :func:`warm_up` (every function called in turn for 0.3 s, at least once).
     """
-    for fn in fns:
-        fn()
+    warm_up(fns)
     samples = [[] for _ in fns]
     for _ in range(repeat):
         for fn, out in zip(fns, samples):

@@ -51,7 +51,7 @@ def register(subparsers) -> None:
         "--threads",
         type=int,
         default=None,
-        help="TVM runtime threads (default: TVM_NUM_THREADS, else TVM's own default)",
+        help="TVM runtime threads (default: TVM_NUM_THREADS, else every physical core)",
     )
     p.add_argument("--rounds", type=int, default=3, help="instrumented calls (median; default 3)")
     p.add_argument(
