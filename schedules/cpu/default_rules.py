@@ -9,6 +9,7 @@ from ..guard import Guarded
 from .bf16_common import has_avx512bf16
 from .bf16_matmul import CPUMatmulBF16
 from .bf16_passes import SplitPreproc
+from .column_reduction import CPUColumnReduction
 from .conv import CPUConv2d
 from .elementwise import CPUElementwise
 from .fp16_matmul import CPUMatmulFP16, has_f16c
@@ -44,7 +45,7 @@ def default_cpu_rules(target: Target) -> list[dl.ScheduleRule]:
             "'llvm'"
         )
     rules = [CPUMatmul(), CPUConv2d(), CPUElementwise(), CPURowReduction()]
-    rules += [dl.cpu.GEMV(), dl.cpu.Reduction()]
+    rules += [CPUColumnReduction(), dl.cpu.GEMV(), dl.cpu.Reduction()]
     if has_f16c(target):
         rules = [CPUMatmulFP16(), *rules]
     if has_avx512bf16(target):
