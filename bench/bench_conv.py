@@ -40,9 +40,11 @@ CASES = {
     "dw 3x3 c384": ((1, 384, 14, 14), 384, 3, 1, 1, 384, 1, False),
     "dw 3x3 c960": ((1, 960, 7, 7), 960, 3, 1, 1, 960, 1, False),
     "dw 3x3 x2 c32": ((1, 32, 56, 56), 64, 3, 1, 1, 32, 1, False),
-    "transposed 4x4 s2": ((1, 64, 28, 28), 32, 4, 2, 1, 1, 1, False),
+    "transposed 4x4 s2": ((1, 64, 28, 28), 32, 4, 2, 1, 1, 1, True),  # DCGAN-like
+    "transposed 2x2 s2": ((1, 128, 28, 28), 64, 2, 2, 0, 1, 1, True),  # U-Net up-sampling
+    "transposed 3x3 s2": ((1, 64, 28, 28), 32, 3, 2, 1, 1, 1, True),
+    "transposed 3x3 s3": ((1, 32, 20, 20), 32, 3, 3, 1, 1, 1, True),
 }
-CASES["transposed 4x4 s2"] = (*CASES["transposed 4x4 s2"][:-1], True)
 
 
 def torch_module(case) -> torch.nn.Module:

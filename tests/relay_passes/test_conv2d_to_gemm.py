@@ -194,3 +194,29 @@ def test_wide_convs_fuse_the_gather_into_the_gemm():
 def test_gather_channels_must_be_positive():
     with pytest.raises(ValueError, match="gather_channels=0 is not a positive int"):
         Conv2dToGemm(BF16, gather_channels=0)
+
+
+def _stem(c: int) -> tvm.IRModule:
+    """A 7x7 stride-2 conv on ``c`` input channels, as an RGB stem is."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, c, 16, 16), BF16))
+    w = relax.Var("w", relax.TensorType((8, c, 7, 7), BF16))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            conv = relax.op.nn.conv2d(x, w, strides=2, padding=3, out_dtype="float32")
+            out = bb.emit_output(conv)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_large_kernels_on_few_channels_stay_direct_convs():
+    rgb = _stem(3)
+    tvm.ir.assert_structural_equal(_rewrite(rgb), rgb)  # an RGB stem: the direct conv is faster
+    for rewritten in (_rewrite(_stem(8)), Conv2dToGemm(BF16, min_channels=1)(rgb)):
+        names = [gv.name_hint for gv in rewritten.get_global_vars()]
+        assert "im2col" in names, names
+
+
+def test_min_channels_must_be_positive():
+    with pytest.raises(ValueError, match="min_channels=0 is not a positive int"):
+        Conv2dToGemm(BF16, min_channels=0)
