@@ -5,7 +5,7 @@ tdpbf16ps), then GEMMs, SimpleNet (batch 256 and 1) and a conv net, each timed i
 its comparisons (``tvmamp.benchmark.paired_medians``).
 
 Run: TVM_NUM_THREADS=1 python bench/bench_cpu_bf16.py [--threads 1] [--skip-large]
-[--only gemm|simplenet|convnet]
+[--only gemm|simplenet|convnet] [--shapes 1024x1024x1024,128x768x3072]
 """
 
 from __future__ import annotations
@@ -87,6 +87,11 @@ def main() -> None:
     parser.add_argument("--skip-large", action="store_true", help="skip the 4096^3 GEMM")
     parser.add_argument("--kernel", choices=("auto", "vdpbf16ps"), default="auto")
     parser.add_argument("--only", choices=SECTIONS, help="run one section (default: all)")
+    parser.add_argument(
+        "--shapes",
+        help="GEMM shapes m x k x n, comma-separated (e.g. 1024x1024x1024,128x768x3072); "
+        "default: 1024^3, 4096^3 and 257x4096x1024",
+    )
     args = parser.parse_args()
     os.environ["TVM_NUM_THREADS"] = str(args.threads)  # before TVM starts its thread pool
     peaks = measure_peaks()
@@ -141,6 +146,8 @@ def bench_gemms(target, args, peaks: dict[str, float]) -> None:
     shapes = [(1024, 1024, 1024), (257, 4096, 1024)]
     if not args.skip_large:
         shapes.insert(1, (4096, 4096, 4096))
+    if args.shapes:
+        shapes = [tuple(int(d) for d in s.split("x")) for s in args.shapes.split(",")]
     # the AMX peak is 0 where the host has no AMX: the kernels are the vdpbf16ps ones then
     amx = args.kernel == "auto" and peaks.get("AMX tdpbf16ps", 0) > 0
     peak = peaks["AMX tdpbf16ps" if amx else "vdpbf16ps"]
