@@ -140,3 +140,20 @@ def test_fp32_fast_kernels_are_accurate_and_call_no_libm(op, ref):
     bound = 4 * ulp if op in _ELEMENTWISE else 1e-5 * np.abs(expected)
     assert (np.abs(out - expected) <= bound + 1e-30).all()
     assert "expf" not in exe.mod.inspect_source("ll")
+
+
+@pytest.mark.parametrize("exponent", [2.0, 3.0, 4.0])
+def test_small_integer_powers_become_multiplies(exponent):
+    """GPT-2's tanh GELU computes ``x ** 3``; TVM lowers power to a scalar powf per element."""
+    x = np.random.default_rng(1).uniform(-3, 3, (3, 77)).astype("float32")
+    mod = _unary(lambda v: relax.op.power(v, relax.const(exponent, "float32")))
+    exe = tvmamp.build(mod, "O0", "llvm")
+    assert_close(exe(x), x.astype("float64") ** exponent, **tolerance("float32"))
+    assert "powf" not in exe.get_source("ll")
+
+
+def test_other_powers_are_left_to_tvm():
+    mod = _unary(lambda v: relax.op.power(v, relax.const(2.5, "float32")))
+    tvm.ir.assert_structural_equal(FastMath()(mod), mod)
+    x = np.random.default_rng(2).uniform(0.5, 3, (3, 77)).astype("float32")
+    assert_close(tvmamp.build(mod, "O0")(x), x.astype("float64") ** 2.5, **tolerance("float32"))
