@@ -316,12 +316,31 @@ def test_bf16_constant_fill_kernels_build():
     np.testing.assert_array_equal(out, data + data)
 
 
+def _relu_bn(channels: int = 8):
+    """relu -> inference batch_norm: a batch norm FoldBatchNorm cannot fold into a conv."""
+    rng = np.random.default_rng(5)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((2, channels, 6, 6), "float32"))
+    stats = [rng.uniform(0.5, 1.5, channels), rng.uniform(-1, 1, channels)]
+    stats += [rng.uniform(-1, 1, channels), rng.uniform(0.5, 2, channels)]
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.relu(x))
+            consts = [relax.const(v.astype("float32")) for v in stats]
+            bn = bb.emit(relax.op.nn.batch_norm(y, *consts, axis=1, training=False))
+            out = bb.emit_output(relax.TupleGetItem(bn, 0))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    inputs = [rng.standard_normal((2, channels, 6, 6)).astype("float32")]
+    return mod, None, inputs, tvmamp.build(mod, "O0", TARGET)(*inputs)
+
+
 @pytest.mark.parametrize(
-    "name,norm", [("transformer", "relax.nn.layer_norm"), ("conv_bn_relu", "relax.nn.batch_norm")]
+    "name,norm", [("transformer", "relax.nn.layer_norm"), ("relu_bn", "relax.nn.batch_norm")]
 )
 def test_o3_bf16_keeps_ops_without_bf16_kernels_in_fp32(fp32_outputs, name, norm):
     """TVM cannot lower layer_norm or batch_norm in bf16: O3 bf16 used to fail to build."""
-    mod, params, inputs, reference = fp32_outputs[name]
+    mod, params, inputs, reference = _relu_bn() if name == "relu_bn" else fp32_outputs[name]
     exe = tvmamp.build(mod, "O3", TARGET, dtype="bfloat16", params=params)
     norms = [n for n in exe.stats.nodes if n.op == norm]
     assert norms and all(n.dtype == "float32" for n in norms)
@@ -331,3 +350,13 @@ def test_o3_bf16_keeps_ops_without_bf16_kernels_in_fp32(fp32_outputs, name, norm
     )
     node = next(n for n in forced.report.nodes if n.node == norms[0].node)
     assert (node.dtype, node.reason) == ("float32", "unsupported")
+
+
+def test_inference_batch_norms_fold_into_their_convs(fp32_outputs):
+    """conv_net's batch norms (after convs, constant statistics) cost no kernel at any level."""
+    mod, params, inputs, reference = fp32_outputs["conv_bn_relu"]
+    for level in ("O0", "O2"):
+        exe = tvmamp.build(mod, level, TARGET, dtype="bfloat16", params=params)
+        assert not [n for n in exe.stats.nodes if n.op == "relax.nn.batch_norm"]
+        tol = tolerance("float32" if level == "O0" else "bfloat16")
+        assert_close(exe(*inputs), reference, **tol, what=f"conv_net {level}")
