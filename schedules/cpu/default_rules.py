@@ -14,6 +14,7 @@ from .conv import CPUConv2d
 from .elementwise import CPUElementwise
 from .fp16_matmul import CPUMatmulFP16, has_f16c
 from .matmul import CPUMatmul
+from .pooling import CPUPooling
 from .reduction import CPURowReduction
 
 
@@ -44,7 +45,7 @@ def default_cpu_rules(target: Target) -> list[dl.ScheduleRule]:
             f"tvmamp.schedules.cpu.default_cpu_rules: target kind {target.kind.name!r} is not "
             "'llvm'"
         )
-    rules = [CPUMatmul(), CPUConv2d(), CPUElementwise(), CPURowReduction()]
+    rules = [CPUMatmul(), CPUConv2d(), CPUElementwise(), CPUPooling(), CPURowReduction()]
     rules += [CPUColumnReduction(), dl.cpu.GEMV(), dl.cpu.Reduction()]
     if has_f16c(target):
         rules = [CPUMatmulFP16(), *rules]

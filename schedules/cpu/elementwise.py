@@ -19,6 +19,9 @@ from .common import (
     vector_lanes,
 )
 
+# The shortest vector used to avoid fusing a whole nest (see ``_fuse_inner_loops``).
+_MIN_SHORT_LANES = 4
+
 
 class CPUElementwise(CPURule):
     """Inline what can be inlined, then give each remaining block one parallel outer loop and
@@ -49,7 +52,7 @@ class CPUElementwise(CPURule):
                 # TVM 0.27's bf16 legalization rejects a vector store of a bf16 constant
                 # (``zeros``/``full``): fill those one element at a time.
                 lanes = 1 if dtype == "bfloat16" and not stmt.reads else vector_lanes(target, dtype)
-                _fuse_inner_loops(sch, block, lanes)
+                lanes = _fuse_inner_loops(sch, block, lanes)
                 schedule_injective(sch, block, lanes, parallel)
         except ScheduleError:
             return None
@@ -68,14 +71,42 @@ def _num_elements(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> int:
     return math.prod(int(iv.dom.extent) for iv in sch.get(block).iter_vars)
 
 
-def _fuse_inner_loops(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes: int) -> None:
-    """Fuse the innermost loops until the innermost extent is a whole number of vectors.
+def _fuse_inner_loops(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes: int) -> int:
+    """Fuse the innermost loops until the innermost extent is a whole number of vectors; return
+    the vector length to use.
 
     An NCHW tensor of width 56 is then vectorised over ``h * w`` (3136 = 98 x 32): the lanes
     stay inside one fused loop, whose index recombines into a contiguous address, instead of
-    the whole nest being fused and every lane computing its own ``//`` and ``%``.
+    the whole nest being fused and every lane computing its own ``//`` and ``%``. When only the
+    whole nest is a multiple of ``lanes`` (bf16's 32 lanes over a 28 x 28 plane), a shorter
+    vector (a power of two, at least 4) that divides an inner extent is used instead
+    (16 over 784), so a channel shuffle keeps contiguous vectors.
     """
     loops = sch.get_loops(block)
-    while len(loops) > 1 and int(sch.get(loops[-1]).extent) % lanes:
-        sch.fuse(loops[-2], loops[-1])
+    extents = [int(sch.get(loop).extent) for loop in loops]
+    count, lanes = _vector_loops(extents, lanes)
+    for _ in range(count - 1):
         loops = sch.get_loops(block)
+        sch.fuse(loops[-2], loops[-1])
+    return lanes
+
+
+def _vector_loops(extents: list[int], lanes: int) -> tuple[int, int]:
+    """How many innermost loops of ``extents`` to fuse, and the vector length over them.
+
+    The fewest loops whose extent is a multiple of ``lanes``, unless that takes the whole nest
+    and a power of two of at least 4 divides a smaller suffix: then the largest such.
+    """
+    shorter = None
+    inner = 1
+    for count in range(1, len(extents) + 1):
+        inner *= extents[-count]
+        whole = math.prod(extents[:-count]) == 1
+        if whole and shorter is not None:
+            return shorter
+        if inner % lanes == 0:
+            return count, lanes
+        pow2 = inner & -inner  # the largest power of two dividing ``inner``
+        if pow2 >= _MIN_SHORT_LANES and (shorter is None or pow2 > shorter[1]):
+            shorter = (count, pow2)
+    return len(extents), lanes

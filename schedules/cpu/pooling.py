@@ -1,0 +1,147 @@
+"""2-D pooling on the CPU (NCHW max/avg pooling, global average pooling): SIMD over a row.
+
+Without a rule, max pooling compiles as naive loops and average pooling as TVM's scalar
+``dlight.cpu.Reduction``. Here the window loops run outside a vector of outputs: one SIMD
+register of output columns (or of channels, when the output row is too short, as in global
+average pooling), each window tap loading one (strided) vector and folding it in with one
+``max``/``add``. The padded input is built one channel plane at a time, next to its use (it
+stays in cache), and the channel planes run in parallel when the target has several cores and
+the work is large enough.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import s_tir, tirx
+from tvm.s_tir.dlight.analysis import get_root_block
+from tvm.s_tir.schedule import ScheduleError
+from tvm.target import Target
+from tvm.tirx.analysis import undefined_vars
+
+from .common import CPURule, NotApplicable, largest_divisor, use_parallel, vector_lanes
+
+# A vector of output columns shorter than this is not worth it: vectorise channels instead.
+_MIN_ROW_LANES = 4
+
+
+class CPUPooling(CPURule):
+    """One ``max``/``sum`` reduction block over a 4-D (NCHW) input with spatial iterators
+    ``n, c, h, w`` and trailing reduction (window) iterators, reading one buffer whose first two
+    indices are ``n`` and ``c``; injective producers (padding) before it and injective
+    consumers (the average's division) after it.
+    """
+
+    def apply(  # pylint: disable=missing-function-docstring
+        self, func: tirx.PrimFunc, target: Target, _: bool
+    ) -> s_tir.Schedule | None:
+        sch = self.static_schedule(func, target)
+        if sch is None:
+            return None
+        try:
+            _schedule(sch, target)
+        except (NotApplicable, ScheduleError):
+            return None
+        return sch
+
+
+def _is_pool_combiner(stmt: s_tir.SBlock) -> bool:
+    """Whether ``stmt``'s body is ``out = max(out, x)`` or ``out = out + x``."""
+    body = stmt.body
+    if not isinstance(body, tirx.BufferStore):
+        return False
+    value = body.value
+    if not isinstance(value, (tirx.Max, tirx.Add)):
+        return False
+    loaded = getattr(value.a, "source", None)  # a load of the output itself
+    return loaded is not None and loaded.same_as(body.buffer)
+
+
+def _strided(index: tirx.PrimExpr, var: tirx.Var) -> bool:
+    """Whether ``index`` multiplies ``var`` by a constant other than 1 (``w * 2 + kw``)."""
+    if isinstance(index, tirx.Mul):
+        a, b = index.a, index.b
+        for term, factor in ((a, b), (b, a)):
+            if term.same_as(var) and isinstance(factor, tirx.IntImm) and factor.value != 1:
+                return True
+    return any(
+        _strided(getattr(index, name), var)
+        for name in ("a", "b")
+        if isinstance(getattr(index, name, None), tvm.ir.expr.Expr)
+    )
+
+
+def _find_pool(sch: s_tir.Schedule) -> tuple[list, s_tir.schedule.SBlockRV, list]:
+    """The producers, the pooling block and the consumers of ``sch``'s root blocks."""
+    blocks = sch.get_child_blocks(get_root_block(sch))
+    kinds = [[iv.iter_type for iv in sch.get(b).iter_vars] for b in blocks]
+    reductions = [i for i, k in enumerate(kinds) if tirx.IterVar.CommReduce in k]
+    if len(reductions) != 1:
+        raise NotApplicable("not exactly one reduction block")
+    (index,) = reductions
+    pool = blocks[index]
+    stmt = sch.get(pool)
+    types = kinds[index]
+    spatial, reduce = types[:4], types[4:]
+    if len(types) < 6 or any(t != tirx.IterVar.DataPar for t in spatial):
+        raise NotApplicable("not n, c, h, w followed by window iterators")
+    if any(t != tirx.IterVar.CommReduce for t in reduce):
+        raise NotApplicable("window iterators are not all trailing")
+    if len(stmt.writes) != 1 or not _is_pool_combiner(stmt):
+        raise NotApplicable("not a max/sum of one input")
+    out = stmt.writes[0]
+    source = [r for r in stmt.reads if not r.source.same_as(out.source)]
+    if len(source) != 1 or len(source[0].region) != 4 or len(out.region) != 4:
+        raise NotApplicable("not a 4-D input and output")
+    region = source[0].region
+    for axis in (0, 1):  # batch and channel are read as they are written
+        used = undefined_vars(region[axis].min)
+        if len(used) != 1 or not used[0].same_as(stmt.iter_vars[axis].var):
+            raise NotApplicable("input batch/channel index is not the output's")
+    width = stmt.iter_vars[3]
+    if int(width.dom.extent) > 1 and _strided(region[3].min, width.var):
+        # measured: a strided window (3x3 stride 2 max pool) ran 2.5x slower here than TVM's
+        # default loops; left to them until its loads are vectorised
+        raise NotApplicable("the window moves more than one column per output column")
+    for i, block_kinds in enumerate(kinds):
+        if i != index and any(k != tirx.IterVar.DataPar for k in block_kinds):
+            raise NotApplicable("a producer or consumer is not injective")
+    return blocks[:index], pool, blocks[index + 1 :]
+
+
+def _schedule(sch: s_tir.Schedule, target: Target) -> None:
+    producers, pool, consumers = _find_pool(sch)
+    for block in producers[:-1]:
+        sch.compute_inline(block)
+    for block in reversed(consumers[1:]):
+        sch.reverse_compute_inline(block)
+    lanes = vector_lanes(target, "float32")  # bf16 is widened to fp32 for the arithmetic
+    n, c, h, w, *window = sch.get_loops(pool)
+    channels, width = (int(sch.get(loop).extent) for loop in (c, w))
+    row_lanes = width if width <= lanes else largest_divisor(width, lanes)
+    work = 1
+    for loop in (n, c, h, w, *window):
+        work *= int(sch.get(loop).extent)
+    if row_lanes >= _MIN_ROW_LANES:  # a vector of output columns
+        w_outer, vec = sch.split(w, [None, row_lanes])
+        sch.reorder(w_outer, *window, vec)
+        plane = sch.fuse(n, c)
+        cursor = w_outer
+    else:  # a vector of channels (global pooling, tiny rows)
+        c_outer, vec = sch.split(c, [None, largest_divisor(channels, lanes)])
+        sch.reorder(c_outer, h, w, *window, vec)
+        plane = sch.fuse(n, c_outer)
+        cursor = w
+    if use_parallel(target, work):
+        sch.parallel(plane)
+    dtype = str(sch.get(pool).writes[0].source.dtype)
+    # TVM 0.27's bf16 legalization rejects a vector store of a bf16 max/constant: unroll the
+    # lanes and leave the vectors to LLVM's SLP vectoriser.
+    (sch.vectorize if dtype != "bfloat16" else sch.unroll)(vec)
+    init = sch.decompose_reduction(pool, window[0])
+    (sch.vectorize if dtype != "bfloat16" else sch.unroll)(sch.get_loops(init)[-1])
+    if producers:  # the padded input: one channel plane (or chunk) at a time
+        sch.compute_at(producers[-1], plane, preserve_unit_loops=True)
+    if consumers:  # the average's division, on the vector just reduced
+        sch.reverse_compute_at(consumers[0], cursor, preserve_unit_loops=True)
+        inner = sch.get_loops(consumers[0])[len(sch.get_loops(init)) - 1 :]
+        sch.vectorize(sch.fuse(*inner) if len(inner) > 1 else inner[0])
