@@ -77,7 +77,8 @@ def _schedule(sch: s_tir.Schedule, target: Target) -> bool:
     spatial = [loop for loop, s in zip(loops, kinds, strict=True) if s]
     reduce = [loop for loop, s in zip(loops, kinds, strict=True) if not s]
     extent = int(sch.get(spatial[-1]).extent)
-    lanes = vector_lanes(target, str(stmt.writes[0].source.dtype))
+    dtype = str(stmt.writes[0].source.dtype)
+    lanes = vector_lanes(target, "float32" if dtype == "bfloat16" else dtype)
     width = largest_divisor(extent, lanes)
     if width < 4:
         return False
@@ -93,5 +94,7 @@ def _schedule(sch: s_tir.Schedule, target: Target) -> bool:
     # TVM cannot vectorise a loop inside a reduction loop (no compact dataflow); unrolled, the
     # ``width`` contiguous adds become one vector add in LLVM's SLP vectoriser.
     sch.unroll(vec)
-    sch.vectorize(sch.get_loops(init)[-1])
+    # TVM 0.27 cannot store a bf16 vector constant (the zero init): unrolled, LLVM vectorises it
+    init_loop = sch.get_loops(init)[-1]
+    (sch.unroll if dtype == "bfloat16" else sch.vectorize)(init_loop)
     return True

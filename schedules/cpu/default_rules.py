@@ -45,8 +45,8 @@ def default_cpu_rules(target: Target) -> list[dl.ScheduleRule]:
             f"tvmamp.schedules.cpu.default_cpu_rules: target kind {target.kind.name!r} is not "
             "'llvm'"
         )
-    rules = [CPUMatmul(), CPUConv2d(), CPUElementwise(), CPUPooling(), CPURowReduction()]
-    rules += [CPUColumnReduction(), dl.cpu.GEMV(), dl.cpu.Reduction()]
+    rules = [CPUMatmul(), CPUConv2d(), CPUElementwise(), CPUPooling(), CPUColumnReduction()]
+    rules += [CPURowReduction(), dl.cpu.GEMV(), dl.cpu.Reduction()]
     if has_f16c(target):
         rules = [CPUMatmulFP16(), *rules]
     if has_avx512bf16(target):

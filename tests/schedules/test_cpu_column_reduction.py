@@ -62,3 +62,19 @@ def test_a_row_reduction_is_not_taken():
         bb.emit_func_output(out)
     target = tvm.target.Target({"kind": "llvm", "mcpu": "x86-64-v3"})
     assert CPUColumnReduction().apply(_kernel(bb.get()), target, False) is None
+
+
+def test_a_bf16_column_sum_builds_and_matches(rng):
+    """O3 training keeps collapse_sum in bf16; TVM rejects a bf16 vector store of the zero init."""
+    import ml_dtypes
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((64, 96), "bfloat16"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.collapse_sum_to(x, (96,)))
+        bb.emit_func_output(out)
+    data = rng.standard_normal((64, 96)).astype(ml_dtypes.bfloat16)
+    exe = tvmamp.build(bb.get(), "O0", "llvm -mcpu=znver4 -num-cores=2")
+    out = exe(data).astype("float32")
+    assert_close(out, data.astype("float64").sum(0), **tolerance("bfloat16", scale=8.0))

@@ -83,7 +83,8 @@ def test_inspect_command_prints_the_tensor_core_table(capsys):
     assert args.func(args) == 0
     out = capsys.readouterr().out
     assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 [ldmatrix]" in out
-    assert "2 of 2 matmul/conv kernels use bfloat16 tensor cores" in out
+    # both convs (batch norms folded in) and the head matmul
+    assert "3 of 3 matmul/conv kernels use bfloat16 tensor cores" in out
 
 
 def test_inspect_rejects_ptx_for_cpu_targets():
