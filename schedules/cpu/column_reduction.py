@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import get_root_block
-from tvm.s_tir.schedule import ScheduleError
 from tvm.target import Target
 from tvm.tirx.analysis import undefined_vars
 
@@ -30,13 +29,7 @@ class CPUColumnReduction(CPURule):
     def apply(  # pylint: disable=missing-function-docstring
         self, func: tirx.PrimFunc, target: Target, _: bool
     ) -> s_tir.Schedule | None:
-        sch = self.static_schedule(func, target)
-        if sch is None:
-            return None
-        try:
-            return sch if _schedule(sch, target) else None
-        except ScheduleError:
-            return None
+        return self.schedule_whole(func, target, _schedule)
 
 
 def _column_reduction(sch: s_tir.Schedule) -> s_tir.schedule.SBlockRV | None:

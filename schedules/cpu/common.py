@@ -65,6 +65,27 @@ class CPURule(ScheduleRule):
             return None
         return sch
 
+    def schedule_whole(
+        self,
+        func: tirx.PrimFunc,
+        target: Target,
+        schedule: Callable[[s_tir.Schedule, Target], bool],
+    ) -> s_tir.Schedule | None:
+        """The body of ``apply`` for a rule that looks at the whole function itself.
+
+        ``schedule(sch, target)`` returns whether the function fits; None when it does not,
+        when ``func`` is not a static-shape PrimFunc for this target, or when scheduling raises
+        ``NotApplicable`` or one of ``DOES_NOT_FIT``.
+        """
+        sch = self.static_schedule(func, target)
+        if sch is None:
+            return None
+        try:
+            return sch if schedule(sch, target) else None
+        except (NotApplicable, *self.DOES_NOT_FIT) as err:
+            logger.info("%s left a function to the next rule: %s", type(self).__name__, err)
+            return None
+
 
 def vector_bits(target: Target) -> int:
     """Return the SIMD register width of ``target`` in bits (128 when unknown).
@@ -188,6 +209,26 @@ def _reads_transposed(stmt: s_tir.SBlock) -> bool:
         if any(used) and not used[-1]:
             return True
     return False
+
+
+def tile_fma_gemm(
+    sch: s_tir.Schedule, main: s_tir.schedule.SBlockRV, tile_i: int, tile_j: int, unroll_k: int
+) -> tuple:
+    """Split a normalised ``[S, I, J, K]`` gemm into ``(S*J/tj, I/ti, K/uk, uk, ti, tj)`` loops.
+
+    The register tile of the fp32 (FMA) matmul and GEMV rules: the inner three loops are
+    unrolled, unrolled and vectorised. Returns the fused outer loop, the row-tile loop and the
+    outer reduction loop.
+    """
+    s, i, j, k = sch.get_loops(main)
+    i_outer, i_inner = sch.split(i, [None, tile_i])
+    j_outer, j_inner = sch.split(j, [None, tile_j])
+    k_outer, k_inner = sch.split(k, [None, unroll_k])
+    sch.reorder(s, j_outer, i_outer, k_outer, k_inner, i_inner, j_inner)
+    sch.unroll(k_inner)
+    sch.unroll(i_inner)
+    sch.vectorize(j_inner)
+    return sch.fuse(s, j_outer), i_outer, k_outer
 
 
 def vectorize_tile(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> None:

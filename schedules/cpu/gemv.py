@@ -25,6 +25,7 @@ from .common import (
     NotApplicable,
     inline_epilogue,
     largest_divisor,
+    tile_fma_gemm,
     use_parallel,
     vector_bits,
     vector_lanes,
@@ -155,7 +156,8 @@ def schedule_gemv(sch: s_tir.Schedule, main: SBlockRV, target: Target, config: G
     extents = [int(iv.dom.extent) for iv in sch.get(main).iter_vars]
     plan = make_gemv_plan(extents, vector_lanes(target, "float32"), config)
     _prepare(sch, main, plan, dense)
-    outer, rows, k_outer = _tile(sch, main, plan)
+    # one tile of all the rows
+    outer, rows, k_outer = tile_fma_gemm(sch, main, plan.extents[1], plan.tile_j, plan.unroll_k)
     acc = sch.cache_write(main, 0, "local")
     sch.reverse_compute_at(acc, rows, preserve_unit_loops=True)
     inline_epilogue(sch, acc)
@@ -178,20 +180,6 @@ def _prepare(sch: s_tir.Schedule, main: SBlockRV, plan: GemvPlan, dense: bool) -
         raise NotApplicable("the weight is computed inside the kernel")
     sch.compute_inline(reindex_a)
     _pack_panels(sch, reindex_b, plan.tile_j, dense)
-
-
-def _tile(sch: s_tir.Schedule, main: SBlockRV, plan: GemvPlan) -> tuple:
-    """Order the loops ``(S * J / tj, 1, K / uk, uk, I, tj)``; the inner three unrolled and
-    vectorised. Returns the fused outer loop, the (unit) row-tile loop and the outer ``K``."""
-    s, i, j, k = sch.get_loops(main)
-    rows, i_inner = sch.split(i, [None, plan.extents[1]])  # one tile of all rows
-    j_outer, j_inner = sch.split(j, [None, plan.tile_j])
-    k_outer, k_inner = sch.split(k, [None, plan.unroll_k])
-    sch.reorder(s, j_outer, rows, k_outer, k_inner, i_inner, j_inner)
-    sch.unroll(k_inner)
-    sch.unroll(i_inner)
-    sch.vectorize(j_inner)
-    return sch.fuse(s, j_outer), rows, k_outer
 
 
 def _pack_panels(sch: s_tir.Schedule, pack: SBlockRV, tile_j: int, dense: bool) -> None:

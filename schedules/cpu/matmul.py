@@ -16,6 +16,7 @@ from .common import (
     inline_epilogue,
     largest_divisor,
     logger,
+    tile_fma_gemm,
     use_parallel,
     vector_bits,
     vector_lanes,
@@ -165,7 +166,7 @@ def _schedule(
     if not plan.pack_b:
         sch.compute_inline(reindex_b)
 
-    outer, i_outer, k_outer = _tile(sch, main, plan)
+    outer, i_outer, k_outer = tile_fma_gemm(sch, main, plan.tile_i, plan.tile_j, plan.unroll_k)
     acc = sch.cache_write(main, 0, "local")
     sch.reverse_compute_at(acc, i_outer, preserve_unit_loops=True)
     inline_epilogue(sch, acc)
@@ -176,23 +177,6 @@ def _schedule(
         sch.parallel(outer)  # before decompose_reduction, which breaks the check
     init = sch.decompose_reduction(main, k_outer)
     vectorize_tile(sch, init)
-
-
-def _tile(sch: s_tir.Schedule, main: SBlockRV, plan: _Plan) -> tuple[LoopRV, LoopRV, LoopRV]:
-    """Split ``[S, I, J, K]`` into ``(S*J/tj, I/ti, K/uk, uk, ti, tj)`` loops.
-
-    The inner loops are unrolled and vectorised; returns the fused outer loop, the row-tile
-    loop and the outer reduction loop.
-    """
-    s, i, j, k = sch.get_loops(main)
-    i_outer, i_inner = sch.split(i, [None, plan.tile_i])
-    j_outer, j_inner = sch.split(j, [None, plan.tile_j])
-    k_outer, k_inner = sch.split(k, [None, plan.unroll_k])
-    sch.reorder(s, j_outer, i_outer, k_outer, k_inner, i_inner, j_inner)
-    sch.unroll(k_inner)
-    sch.unroll(i_inner)
-    sch.vectorize(j_inner)
-    return sch.fuse(s, j_outer), i_outer, k_outer
 
 
 def _pack_panels(sch: s_tir.Schedule, pack: SBlockRV, outer: LoopRV, tile_j: int) -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import tvm
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import get_root_block
-from tvm.s_tir.schedule import ScheduleError
 from tvm.target import Target
 from tvm.tirx.analysis import undefined_vars
 
@@ -34,14 +33,7 @@ class CPUPooling(CPURule):
     def apply(  # pylint: disable=missing-function-docstring
         self, func: tirx.PrimFunc, target: Target, _: bool
     ) -> s_tir.Schedule | None:
-        sch = self.static_schedule(func, target)
-        if sch is None:
-            return None
-        try:
-            _schedule(sch, target)
-        except (NotApplicable, ScheduleError):
-            return None
-        return sch
+        return self.schedule_whole(func, target, _schedule)
 
 
 def _is_pool_combiner(stmt: s_tir.SBlock) -> bool:
@@ -108,7 +100,8 @@ def _find_pool(sch: s_tir.Schedule) -> tuple[list, s_tir.schedule.SBlockRV, list
     return blocks[:index], pool, blocks[index + 1 :]
 
 
-def _schedule(sch: s_tir.Schedule, target: Target) -> None:
+def _schedule(sch: s_tir.Schedule, target: Target) -> bool:
+    """Schedule the pooling function in place; raises NotApplicable when it is not one."""
     producers, pool, consumers = _find_pool(sch)
     for block in producers[:-1]:
         sch.compute_inline(block)
@@ -145,3 +138,4 @@ def _schedule(sch: s_tir.Schedule, target: Target) -> None:
         sch.reverse_compute_at(consumers[0], cursor, preserve_unit_loops=True)
         inner = sch.get_loops(consumers[0])[len(sch.get_loops(init)) - 1 :]
         sch.vectorize(sch.fuse(*inner) if len(inner) > 1 else inner[0])
+    return True

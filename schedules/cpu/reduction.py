@@ -17,7 +17,7 @@ from tvm.s_tir.dlight.analysis import SBlockInfo, normalize_prim_func
 from tvm.s_tir.schedule import ScheduleError
 from tvm.target import Target
 
-from .common import CPURule, NotApplicable, static_extent, use_parallel, vector_lanes
+from .common import CPURule, static_extent, use_parallel, vector_lanes
 
 
 class CPURowReduction(CPURule):
@@ -35,13 +35,7 @@ class CPURowReduction(CPURule):
     def apply(  # pylint: disable=missing-function-docstring
         self, func: tirx.PrimFunc, target: Target, _: bool
     ) -> s_tir.Schedule | None:
-        sch = self.static_schedule(func, target)
-        if sch is None:
-            return None
-        try:
-            return sch if _schedule(sch, target) else None
-        except (NotApplicable, ScheduleError):
-            return None
+        return self.schedule_whole(func, target, _schedule)
 
 
 def _infos(sch: s_tir.Schedule) -> list[SBlockInfo] | None:
