@@ -25,6 +25,18 @@ def add_build_options(p) -> None:
     p.add_argument("--low-nodes", default="", help="comma-separated name patterns forced low")
 
 
+def add_input_options(p) -> None:
+    """--input-shape and --tuning-log: how a model file is imported and which kernels it uses."""
+    p.add_argument(
+        "--input-shape",
+        action="append",
+        default=[],
+        metavar="[NAME=]D0,D1,...",
+        help="input shape, once per input in order (NAME= for ONNX input names)",
+    )
+    p.add_argument("--tuning-log", default=None, help="tuning log directory from tvmamp tune")
+
+
 def _split(text: str):
     return [t.strip() for t in text.split(",") if t.strip()] or None
 

@@ -6,7 +6,7 @@ import argparse
 import sys
 import time
 
-from .common import add_build_options, build_kwargs
+from .common import add_build_options, add_input_options, build_kwargs
 
 _EPILOG = """\
 MODEL is one of:
@@ -39,14 +39,7 @@ def register(subparsers) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_build_options(p)
-    p.add_argument(
-        "--input-shape",
-        action="append",
-        default=[],
-        metavar="[NAME=]D0,D1,...",
-        help="input shape, once per input in order (NAME= for ONNX input names)",
-    )
-    p.add_argument("--tuning-log", default=None, help="tuning log directory from tvmamp tune")
+    add_input_options(p)
     p.add_argument(
         "--tuning-log-override",
         action="store_true",
