@@ -5,6 +5,7 @@ import math
 import numpy as np
 import pytest
 import tvm
+from relax_modules import unary_module
 from tolerances import assert_close, tolerance
 from tvm import relax
 
@@ -94,13 +95,7 @@ def test_numerics_and_no_scalar_libm_calls(dtype):
 
 
 def _unary(op, shape=(3, 77), dtype="float32"):
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType(shape, dtype))
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            out = bb.emit_output(op(x))
-        bb.emit_func_output(out)
-    return bb.get()
+    return unary_module(op, shape, dtype)
 
 
 _ELEMENTWISE = (relax.op.exp, relax.op.sigmoid, relax.op.nn.silu)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 import tvm
+from relax_modules import unary_module
 from tolerances import assert_close
 from tvm import relax
 from tvm.s_tir.dlight.analysis import get_root_block
@@ -18,14 +19,7 @@ from tvmamp.schedules.cpu.pooling import CPUPooling
 SHAPE = (2, 5, 23, 29)  # odd channels, odd and unequal height and width
 
 
-def _module(op, shape, dtype="float32"):
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType(shape, dtype))
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            out = bb.emit_output(op(x))
-        bb.emit_func_output(out)
-    return bb.get()
+_module = unary_module
 
 
 # name -> (relax op, torch reference)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tvm
+from relax_modules import unary_module
 from tolerances import assert_close
 from tvm import relax
 
@@ -17,14 +18,7 @@ from tvmamp.targets.cpu_features import host_cpu_features
 HIDDEN = 83  # no multiple of 16 or 8
 
 
-def _module(op, shape, dtype="float32"):
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType(shape, dtype))
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            out = bb.emit_output(op(x))
-        bb.emit_func_output(out)
-    return bb.get()
+_module = unary_module
 
 
 def _softmax(x):
