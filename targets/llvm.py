@@ -88,8 +88,9 @@ def set_default_threads() -> int:
     user = _user_threads()
     if user is not None:
         return user
-    os.environ["TVM_NUM_THREADS"] = str(physical_cores())
-    return physical_cores()
+    cores = physical_cores()
+    os.environ["TVM_NUM_THREADS"] = str(cores)
+    return cores
 
 
 def make_target(options: dict) -> tvm.target.Target:
