@@ -24,7 +24,8 @@ class NodeDecision:
     op: str
     dtype: str
     category: str
-    # "policy", "custom_fp32_nodes", "custom_low_nodes", "node_dtypes", "unsupported", "overflow"
+    # "policy", "feeds_fp32" (O2: its result only feeds fp32 ops), "custom_fp32_nodes",
+    # "custom_low_nodes", "node_dtypes", "unsupported", "overflow"
     reason: str
 
 

@@ -8,7 +8,8 @@ Level semantics (Paddle ``paddle.amp`` and MindSpore ``amp``):
 =====  =====================================================================================
 O0     no change
 O1     white ops low, black ops fp32, other ops low only when all their float inputs are low
-O2     every op low except the black list and ops without low-precision support on the target
+O2     every op low except the black list and ops without low-precision support on the target;
+       a follow op that only feeds fp32 ops and reads an fp32 value stays fp32 (no round trip)
 O3     every op low
 OD     only white ops low, everything else fp32
 auto   white low, black fp32, promote ops in the widest input dtype, other ops keep the dtype

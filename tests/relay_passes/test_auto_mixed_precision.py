@@ -122,7 +122,7 @@ class Mixed:
         return p
 
 
-def test_o2_follow_low_black_fp32_promote_widest():
+def test_o2_black_fp32_promote_widest_and_no_round_trip_into_fp32_ops():
     @I.ir_module
     class Expected:
         @R.function
@@ -131,17 +131,67 @@ def test_o2_follow_low_black_fp32_promote_widest():
                 x16 = R.astype(x, "float16")
                 w16 = R.astype(w, "float16")
                 y = R.matmul(x16, w16, out_dtype="float32")
-                y16 = R.astype(y, "float16")  # noqa: F841 (emitted, unused at auto)
-                a = R.add(y16, x16)  # follow runs low at O2; x16 is reused, not cast again
-                a32 = R.astype(a, "float32")
-                e = R.exp(a32)  # black
+                # a follow op that only feeds fp32 ops and reads an fp32 value stays fp32:
+                # y's fp32 accumulator and x are used as they are, no cast down and back up
+                a = R.add(y, x)
+                e = R.exp(a)  # black
                 p = R.atan2(e, y)  # promote: widest input is fp32; y's fp32 accumulator is used
                 R.output(p)
             return p
 
     out, report = run(Mixed, "O2")
     tvm.ir.assert_structural_equal(out, Expected)
-    assert report.casts_inserted == 4
+    assert report.casts_inserted == 2
+
+
+def test_o2_follow_low_except_residual_add_into_layer_norm():
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(
+            x: R.Tensor((4, 8), "float32"),
+            w: R.Tensor((8, 8), "float32"),
+            g: R.Tensor((8,), "float32"),
+            b: R.Tensor((8,), "float32"),
+        ):
+            with R.dataflow():
+                y = R.matmul(x, w)
+                r = R.nn.relu(y)
+                z = R.matmul(r, w)
+                h = R.add(z, x)
+                o = R.nn.layer_norm(h, g, b, axes=[-1])
+                R.output(o)
+            return o
+
+    @I.ir_module
+    class Expected:
+        @R.function
+        def main(
+            x: R.Tensor((4, 8), "float32"),
+            w: R.Tensor((8, 8), "float32"),
+            g: R.Tensor((8,), "float32"),
+            b: R.Tensor((8,), "float32"),
+        ):
+            with R.dataflow():
+                x16 = R.astype(x, "float16")
+                w16 = R.astype(w, "float16")
+                y = R.matmul(x16, w16, out_dtype="float32")
+                y16 = R.astype(y, "float16")
+                r = R.nn.relu(y16)  # follow op feeding a white op: low at O2
+                z = R.matmul(r, w16, out_dtype="float32")
+                h = R.add(z, x)  # the residual add feeds only the fp32 layer norm: fp32
+                o = R.nn.layer_norm(h, g, b, axes=[-1])
+                R.output(o)
+            return o
+
+    out, report = run(Before, "O2")
+    tvm.ir.assert_structural_equal(out, Expected)
+    decided = {n.node: (n.dtype, n.reason) for n in report.nodes}
+    assert decided["main/r"] == ("float16", "policy")
+    assert decided["main/h"] == ("float32", "feeds_fp32")
+    # O3 keeps every op low, the residual add included
+    _, o3 = run(Before, "O3")
+    assert {n.node: n.dtype for n in o3.nodes}["main/h"] == "float16"
 
 
 def test_auto_keeps_input_dtype_and_promotes():
@@ -286,24 +336,26 @@ def test_constants_are_converted_at_compile_time_with_overflow_guard():
                 R.output(b)
             return b
 
+    # low inputs and results: with fp32 ones, both ops would only feed the fp32 result and stay
+    # fp32 at O2 (a round trip through float16 would be undone at once)
     @I.ir_module
     class Expected:
         @R.function
-        def main(x: R.Tensor((2, 2), "float32")):
+        def main(x: R.Tensor((2, 2), "float16")) -> R.Tensor((2, 2), "float16"):
             with R.dataflow():
-                x16 = R.astype(x, "float16")
-                a = R.add(x16, R.const(np.full((2, 2), 3.0, "float16")))
+                a = R.add(x, R.const(np.full((2, 2), 3.0, "float16")))
                 a32 = R.astype(a, "float32")
                 b = R.multiply(a32, R.const(np.full((2, 2), 1e6, "float32")))
                 R.output(b)
-            return b
+            b16 = R.astype(b, "float16")
+            return b16
 
-    out, report = run(Before, "O2")
+    out, report = run(Before, "O2", keep_io_types=False)
     tvm.ir.assert_structural_equal(out, Expected)
     assert report.constants_converted == 1
     assert [(f.op, f.dtype) for f in report.forced] == [("relax.multiply", "float32")]
     assert "exceeds the float16 range" in report.forced[0].reason
-    out, report = run(Before, "O2", "bfloat16")  # 1e6 fits bf16
+    out, report = run(Before, "O2", "bfloat16", keep_io_types=False)  # 1e6 fits bf16
     assert report.forced == [] and report.constants_converted == 2
 
 
@@ -334,7 +386,8 @@ def test_call_tir_gets_the_dtypes_it_was_written_for():
     bindings = out["main"].body.blocks[0].bindings
     call = [b.value for b in bindings if b.value.op.name == "relax.call_tir"][0]
     assert str(call.args[1].fields[0].ty.dtype) == "float32"  # relu ran low, cast back for clip
-    assert dict(report.ops["relax.nn.relu"]) == {"float16": 2}
+    # the last relu reads call_tir's fp32 result and only feeds the fp32 result: fp32
+    assert dict(report.ops["relax.nn.relu"]) == {"float16": 1, "float32": 1}
 
 
 def test_tuples_if_and_several_functions():
@@ -409,17 +462,22 @@ def test_every_runtime_op_gets_a_unique_node_id():
     _, report = run(Mixed, "O2")
     assert [(n.node, n.op, n.dtype, n.reason) for n in report.nodes] == [
         ("main/y", "relax.matmul", "float16", "policy"),
-        ("main/a", "relax.add", "float16", "policy"),
+        ("main/a", "relax.add", "float32", "feeds_fp32"),
         ("main/e", "relax.exp", "float32", "policy"),
         ("main/p", "relax.atan2", "float32", "policy"),
     ]
 
 
 def test_exact_node_dtypes_win_over_the_lists():
-    _, report = run(Mixed, "O2", node_dtypes={"main/a": "float32", "main/e": "low"})
+    _, report = run(Mixed, "O2", node_dtypes={"main/a": "low", "main/e": "low"})
     decided = {n.node: (n.dtype, n.reason) for n in report.nodes}
-    assert decided["main/a"] == ("float32", "node_dtypes")
+    assert decided["main/a"] == ("float16", "node_dtypes")  # wins over feeds_fp32 too
     assert decided["main/e"] == ("float16", "node_dtypes")
     assert decided["main/y"] == ("float16", "policy")
+    _, report = run(Mixed, "O2", node_dtypes={"main/y": "float32"})
+    assert {n.node: (n.dtype, n.reason) for n in report.nodes}["main/y"] == (
+        "float32",
+        "node_dtypes",
+    )
     with pytest.raises(ValueError, match="choose from float32, low, float16, bfloat16"):
         Policy.for_level("O2", "float16", node_dtypes={"main/a": "int8"})
