@@ -13,8 +13,11 @@ Untuned, both tuned builds, torch fp32 and torch bf16 are then timed interleaved
 cases (bf16 GEMM kernels, tuned in tvmamp's vdpbf16ps/AMX space) it is ``torch.mm`` on bf16
 tensors converted beforehand, the strongest anchor (oneDNN brgemm).
 
+A case "zoo:NAME" tunes a model of the zoo (bench/zoo_models.py, imported with
+``tvmamp.from_torch``) against torch fp32 and autocast bf16 on the same seeded inputs.
+
 Run: TVM_NUM_THREADS=1 python bench/bench_tuning.py [--trials 64] [--repeat 15]
-     [--cases matmul,simplenet,gemm512x1024x1024,gemm257x4096x1024]
+     [--cases matmul,simplenet,gemm512x1024x1024,gemm257x4096x1024,zoo:resnet50,zoo:bert]
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import tvm
 from bench_simplenet import torch_simplenet
 from tvm import relax
 from tvm.s_tir import meta_schedule as ms
+from zoo_models import ZOO
 
 import tvmamp
 from tvmamp import models
@@ -58,14 +62,18 @@ def matmul_model(size: int, k: int | None = None, n: int | None = None):
     return mod, {"w": w.astype("float32")}
 
 
-def torch_fns(name: str, params: dict, x: np.ndarray):
+def torch_fns(name: str, params: dict, xs: list[np.ndarray]):
     """torch fp32 and autocast-bf16 callables for the same model and weights."""
-    tx = torch.from_numpy(x)
-    if name.startswith("gemm"):  # bf16 operands converted once, as weights would be
+    tx = torch.from_numpy(xs[0])
+    if name.startswith("zoo:"):
+        net = ZOO[name.removeprefix("zoo:")].build()
+        tensors = [torch.from_numpy(x) for x in xs]
+        fp32 = lambda: _first(net(*tensors))  # noqa: E731
+    elif name.startswith("gemm"):  # bf16 operands converted once, as weights would be
         tw = torch.from_numpy(params["w"])
         xb, wb = tx.bfloat16(), tw.bfloat16()
         return (lambda: torch.mm(tx, tw)), (lambda: torch.mm(xb, wb))
-    if name == "matmul":
+    elif name == "matmul":
         tw = torch.from_numpy(params["w"])
         fp32 = lambda: torch.mm(tx, tw)  # noqa: E731
     else:
@@ -93,7 +101,16 @@ def build_with(converted, database) -> Executable:
     return Executable(vm_exec, c.target, c.mod, c.report, c.policy)
 
 
-def bench(name, mod, params, target, trials, repeat, work_dir):
+def _first(out):
+    """The first tensor of a model output (a tuple, a Hugging Face output or a tensor)."""
+    if isinstance(out, (tuple, list)):
+        return _first(out[0])
+    if hasattr(out, "to_tuple"):
+        return _first(out.to_tuple())
+    return out
+
+
+def bench(name, mod, params, target, trials, repeat, work_dir, inputs=None):
     """One row: ms of untuned, meta_schedule, tvmamp log, torch fp32 and bf16; tuning; notes."""
     untuned = tvmamp.build(mod, "O2", target, "bfloat16", params)
     start = time.perf_counter()
@@ -104,30 +121,43 @@ def bench(name, mod, params, target, trials, repeat, work_dir):
     raw = build_with(converted, ms.database.JSONDatabase(work_dir=work_dir))
     database, notes = load_tuning_log(work_dir, converted)  # also registers the log's intrinsics
     logged = build_with(converted, database)
-    x = models.example_inputs(mod)[0]
-    fp32, bf16 = torch_fns(name, params, x)
+    xs = inputs or models.example_inputs(mod)[:1]
+    fp32, bf16 = torch_fns(name, params, xs)
     exes = (untuned, raw, logged)
     with torch.no_grad():
-        ref = fp32().numpy()
-        fns = [*(lambda e=e: e(x) for e in exes), fp32, bf16]
+        ref = fp32().float().numpy()
+        fns = [*(lambda e=e: e(*xs) for e in exes), fp32, bf16]
         times = paired_medians(fns, repeat)
-    errors = [max_rel_error(e(x), ref) for e in exes]
+    errors = [max_rel_error(_first(e(*xs)), ref) for e in exes]
     print(result.summary(), *notes, sep="\n", file=sys.stderr)
     return [t * 1e3 for t in times], tuning_s, result.new_trials, errors
 
 
 def case(name: str, size: int) -> tuple:
-    """``(key, label, mod, params)`` of a case name: matmul, simplenet or gemmMxKxN."""
+    """``(key, label, mod, params, inputs)`` of a case: matmul, simplenet, gemmMxKxN, zoo:NAME.
+
+    ``inputs`` is a list of numpy arrays for zoo models, else None (the model's example input).
+    """
     if name == "matmul":
-        return ("matmul", f"matmul {size}^3", *matmul_model(size))
+        return ("matmul", f"matmul {size}^3", *matmul_model(size), None)
     if name == "simplenet":
-        return ("simplenet", "SimpleNet 9xLinear(1024) b256", *models.simple_net())
+        return ("simplenet", "SimpleNet 9xLinear(1024) b256", *models.simple_net(), None)
+    if name.startswith("zoo:"):
+        entry = ZOO.get(name.removeprefix("zoo:"))
+        if entry is None:
+            raise ValueError(
+                f"bench_tuning: zoo model {name!r} is not one of "
+                + ", ".join(f"zoo:{n}" for n in ZOO)
+            )
+        example = entry.inputs(100)
+        mod, params = tvmamp.from_torch(entry.build(), tuple(example))
+        return (name, f"zoo {entry.name}", mod, params, [t.numpy() for t in example])
     if name.startswith("gemm"):
         m, k, n = (int(v) for v in name.removeprefix("gemm").split("x"))
-        return (name, f"bf16 GEMM {m} x {k} x {n}", *matmul_model(m, k, n))
+        return (name, f"bf16 GEMM {m} x {k} x {n}", *matmul_model(m, k, n), None)
     raise ValueError(
         f"bench_tuning: case {name!r} is not one of matmul, simplenet, gemmMxKxN "
-        "(e.g. gemm512x1024x1024)"
+        "(e.g. gemm512x1024x1024), zoo:NAME (e.g. zoo:resnet50)"
     )
 
 
@@ -150,10 +180,10 @@ def main() -> None:
         "| trials | tuning s | max rel err (untuned, meta_schedule, log) |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
-    for key, label, mod, params in cases:
+    for key, label, mod, params, inputs in cases:
         with tempfile.TemporaryDirectory() as work_dir:
             t, tuning_s, n, err = bench(
-                key, mod, params, target, args.trials, args.repeat, work_dir
+                key, mod, params, target, args.trials, args.repeat, work_dir, inputs
             )
         best_torch = min(t[3], t[4])
         speeds = ", ".join(f"{best_torch / v:.2f}" for v in t[:3])
