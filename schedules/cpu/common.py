@@ -249,14 +249,15 @@ def schedule_injective(
 
     The innermost loop is split by ``lanes`` when it divides evenly; otherwise all loops are
     fused and split by the largest divisor of the total that fits in ``lanes``. A block that
-    reads a transposed operand is tiled ``lanes x lanes`` over its two innermost loops. The
+    reads a transposed operand is tiled in squares of at most ``lanes`` (:func:`_square_tile`)
+    over its two innermost loops. The
     loops outside the vector are fused and, when ``parallel``, run in parallel.
     """
     loops = sch.get_loops(block)
     extents = [static_extent(sch.get(loop).extent) for loop in loops]
-    square = len(loops) > 1 and extents[-1] % lanes == 0 and extents[-2] % lanes == 0
-    if square and _reads_transposed(sch.get(block)):
-        outer, vec = _tile_square(sch, loops, lanes)
+    square = _square_tile(extents, lanes) if len(loops) > 1 else None
+    if square is not None and _reads_transposed(sch.get(block)):
+        outer, vec = _tile_square(sch, loops, square)
     elif extents[-1] % lanes == 0:
         vec_outer, vec = sch.split(loops[-1], [None, lanes])
         outer = [*loops[:-1], vec_outer]
@@ -268,6 +269,28 @@ def schedule_injective(
     fused = sch.fuse(*outer)
     if parallel:
         sch.parallel(fused)
+
+
+# Square tiles of a transposing copy: 8 x 8 to 16 x 16 elements. Measured on Zen5 (one
+# thread, bf16 1024 x 1024): 16 x 16 tiles copy at 17.5 GB/s, 32 x 32 tiles at 5.5 GB/s.
+_MIN_SQUARE = 8
+_MAX_SQUARE = 16
+
+
+def _square_tile(extents: list, lanes: int) -> int | None:
+    """The side of the square tile of a transposing copy over the two innermost loops.
+
+    The largest power of two from ``min(lanes, 16)`` down to 8 that divides both extents, or
+    None. A bf16 ``[3136, 144]`` transpose (MobileNetV2's layout change) used to need whole
+    32-lane registers (144 % 32 != 0) and fell back to an element-wise copy at 6.8 GB/s; its
+    16 x 16 tiles copy at 18-21 GB/s.
+    """
+    side = min(lanes, _MAX_SQUARE)
+    while side >= _MIN_SQUARE:
+        if extents[-1] % side == 0 and extents[-2] % side == 0:
+            return side
+        side //= 2
+    return None
 
 
 def _tile_square(sch: s_tir.Schedule, loops: list, lanes: int) -> tuple[list, object]:

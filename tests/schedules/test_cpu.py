@@ -223,3 +223,24 @@ def test_injective_and_reduction(shapes, body, ref):
 def test_default_rules_reject_non_cpu_target():
     with pytest.raises(ValueError, match="target kind 'cuda' is not 'llvm'"):
         default_cpu_rules(tvm.target.Target({"kind": "cuda", "arch": "sm_80"}))
+
+
+@pytest.mark.parametrize(("rows", "cols", "side"), [(48, 144, 16), (24, 40, 8), (64, 64, 16)])
+def test_transposes_take_the_largest_square_tile_that_divides_them(rows, cols, side):
+    """bf16 [48, 144]: 144 is not a multiple of 32 lanes, so 16 x 16 tiles (not a flat copy)."""
+    from tvm import te
+
+    from tvmamp.schedules.cpu.elementwise import CPUElementwise
+
+    a = te.placeholder((rows, cols), "bfloat16", name="a")
+    b = te.compute((cols, rows), lambda i, j: a[j, i], name="b")
+    sch = CPUElementwise().apply(te.create_prim_func([a, b]), TARGET, False)
+    loops = sch.get_loops(sch.get_sblock("b"))
+    assert [int(sch.get(loop).extent) for loop in loops[-2:]] == [side, side]
+    assert sch.get(loops[-1]).kind == tvm.tirx.ForKind.VECTORIZED
+    lib = tvm.compile(sch.mod, target=TARGET)
+    x = np.random.default_rng(7).standard_normal((rows, cols)).astype(ml_dtypes.bfloat16)
+    dev = tvm.cpu()
+    out = tvm.runtime.tensor(np.zeros((cols, rows), ml_dtypes.bfloat16), dev)
+    lib(tvm.runtime.tensor(x, dev), out)
+    np.testing.assert_array_equal(out.numpy(), x.T)
