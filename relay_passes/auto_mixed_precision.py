@@ -7,13 +7,13 @@ How it works, binding by binding (one pass, in program order):
   dtype is low; consumers that want fp32 take it as it is, consumers that want low cast it once.
 - The policy maps (op, nominal input dtypes) to a compute dtype; per-node patterns and the
   constant-overflow guard may override it.
-- At O2 a follow op whose result only feeds fp32 computations (black ops, fp32 casts, fp32
-  function results, or follow ops of the same kind) and that has a non-constant input of
-  nominal dtype fp32 runs in fp32: rounding it to low would be undone at once, and costs two
-  casts instead of one. This keeps residual streams fp32 up to the layer norms that read them,
-  as MindSpore's O2 (fp32 LayerNorm/BatchNorm) and torch autocast (type promotion) do. A
-  backward pass over each function finds these results (:func:`_feeds_fp32_only`) before the
-  rewrite.
+- At O2 a follow op whose result only feeds fp32 computations (black ops, fp32 casts, or
+  follow ops of the same kind) and that reads a non-constant fp32 value (an fp32 input, or a
+  white op's fp32 accumulator) runs in fp32: rounding it to low would be undone at once, and
+  costs two casts instead of none or one. This keeps residual streams fp32 up to the layer
+  norms that read them, as MindSpore's O2 (fp32 LayerNorm/BatchNorm) and torch autocast (type
+  promotion) do. A backward pass over each function finds these results
+  (:func:`_feeds_fp32_only`) before the rewrite.
 - Inputs are cast lazily, each value at most once per dtype and block, and a value made by one
   of our casts is never cast back: the original is used instead, so no f32->low->f32 round trip.
 - Constants (bound params included) are converted at compile time. The overflow guard follows
@@ -167,7 +167,7 @@ class _Rewriter(PyExprMutator):
         """Rewrite one function; restore its result dtypes unless ``low_io``."""
         self._low_params = low_io
         self._func_name = name
-        self._fp32_only = _feeds_fp32_only(func, self.policy, fp32_results=not low_io)
+        self._fp32_only = _feeds_fp32_only(func, self.policy)
         self._seen_names = {}
         for param in func.params:  # the TVMScript printer numbers names after the parameters
             self._make_unique(param.name)
@@ -292,15 +292,13 @@ class _Rewriter(PyExprMutator):
     def _undone_at_once(self, var, op_name, inputs, dtype):
         """O2: a low follow op whose result only feeds fp32 ops and that reads an fp32 value.
 
-        A white op's fp32 accumulator does not count (its nominal dtype is low): it is rounded
-        to low as in torch autocast, where a Linear's output is bf16.
+        A white op's fp32 accumulator counts: the op reads it unrounded, and no cast is needed.
         """
         if self.policy.level != "O2" or dtype == "float32" or var not in self._fp32_only:
             return False
         if self.policy.category(op_name) is not Category.FOLLOW:
             return False
-        values = [e for e in inputs if not self._is_constant(e)]
-        return any(self._nominal_dtype(e) == "float32" for e in values)
+        return any(tensor_dtype(e) == "float32" for e in inputs if not self._is_constant(e))
 
     def _override(self, var, node_id, op_name, inputs, dtype, reason="policy"):
         """Apply per-node rules and the overflow guard; returns (dtype, reason)."""
@@ -549,18 +547,20 @@ class _Rewriter(PyExprMutator):
         return var
 
 
-def _feeds_fp32_only(func: relax.Function, policy: Policy, fp32_results: bool) -> set:
+def _feeds_fp32_only(func: relax.Function, policy: Policy) -> set:
     """Vars of ``func`` whose every use computes in fp32 whatever the dtype of the var.
 
     A use counts when it is a direct argument of an op that computes in fp32 even from low
-    inputs (the black list, ops the target cannot run low), of ``astype(..., "float32")``, of a
-    follow op whose own result is in the set, or the function's fp32 result (``fp32_results``).
-    Any other use (tuples, other functions, nested blocks) keeps the var out of the set.
+    inputs (the black list, ops the target cannot run low), of ``astype(..., "float32")``, or of
+    a follow op whose own result is in the set. Function results do not count: the cast back
+    to the caller's dtype is I/O, not a computation (and a GEMM that wrote fp32 logits instead
+    of bf16 ones would be slower). Any other use (tuples, other functions, nested blocks) keeps
+    the var out of the set.
     """
     if policy.level != "O2" or not isinstance(func.body, relax.SeqExpr):
         return set()
     bindings = [b for block in func.body.blocks for b in block.bindings]
-    uses = {}  # var -> list of (op name or None, consuming binding var)
+    uses = {}  # var -> list of (consuming value or None, consuming binding var)
     for binding in bindings:
         value = binding.value
         if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
@@ -575,19 +575,12 @@ def _feeds_fp32_only(func: relax.Function, policy: Policy, fp32_results: bool) -
         else:
             for free in relax.analysis.free_vars(value):
                 uses.setdefault(free, []).append((None, binding.var))
-    result = func.body.body
-    results = list(result.fields) if isinstance(result, relax.Tuple) else [result]
-    for expr in results:
-        fp32_result = fp32_results and isinstance(expr, relax.Var)
-        fp32_result = fp32_result and tensor_dtype(expr) == "float32"
-        for free in [expr] if isinstance(expr, relax.Var) else relax.analysis.free_vars(expr):
-            uses.setdefault(free, []).append(("result" if fp32_result else None, None))
+    for free in relax.analysis.free_vars(func.body.body):
+        uses.setdefault(free, []).append((None, None))
     low = policy.low_dtype
 
     def fp32_use(use, found):
         value, consumer = use
-        if value == "result":
-            return True
         if isinstance(value, relax.Var):  # an alias binding: its own uses decide
             return consumer in found
         if not isinstance(value, relax.Call):

@@ -336,26 +336,24 @@ def test_constants_are_converted_at_compile_time_with_overflow_guard():
                 R.output(b)
             return b
 
-    # low inputs and results: with fp32 ones, both ops would only feed the fp32 result and stay
-    # fp32 at O2 (a round trip through float16 would be undone at once)
     @I.ir_module
     class Expected:
         @R.function
-        def main(x: R.Tensor((2, 2), "float16")) -> R.Tensor((2, 2), "float16"):
+        def main(x: R.Tensor((2, 2), "float32")):
             with R.dataflow():
-                a = R.add(x, R.const(np.full((2, 2), 3.0, "float16")))
+                x16 = R.astype(x, "float16")
+                a = R.add(x16, R.const(np.full((2, 2), 3.0, "float16")))
                 a32 = R.astype(a, "float32")
                 b = R.multiply(a32, R.const(np.full((2, 2), 1e6, "float32")))
                 R.output(b)
-            b16 = R.astype(b, "float16")
-            return b16
+            return b
 
-    out, report = run(Before, "O2", keep_io_types=False)
+    out, report = run(Before, "O2")
     tvm.ir.assert_structural_equal(out, Expected)
     assert report.constants_converted == 1
     assert [(f.op, f.dtype) for f in report.forced] == [("relax.multiply", "float32")]
     assert "exceeds the float16 range" in report.forced[0].reason
-    out, report = run(Before, "O2", "bfloat16", keep_io_types=False)  # 1e6 fits bf16
+    out, report = run(Before, "O2", "bfloat16")  # 1e6 fits bf16
     assert report.forced == [] and report.constants_converted == 2
 
 
@@ -386,8 +384,7 @@ def test_call_tir_gets_the_dtypes_it_was_written_for():
     bindings = out["main"].body.blocks[0].bindings
     call = [b.value for b in bindings if b.value.op.name == "relax.call_tir"][0]
     assert str(call.args[1].fields[0].ty.dtype) == "float32"  # relu ran low, cast back for clip
-    # the last relu reads call_tir's fp32 result and only feeds the fp32 result: fp32
-    assert dict(report.ops["relax.nn.relu"]) == {"float16": 1, "float32": 1}
+    assert dict(report.ops["relax.nn.relu"]) == {"float16": 2}
 
 
 def test_tuples_if_and_several_functions():
@@ -481,3 +478,27 @@ def test_exact_node_dtypes_win_over_the_lists():
     )
     with pytest.raises(ValueError, match="choose from float32, low, float16, bfloat16"):
         Policy.for_level("O2", "float16", node_dtypes={"main/a": "int8"})
+
+
+def test_o2_fp32_accumulators_count_and_function_results_do_not():
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4, 8), "float32"))
+    w = relax.Var("w", relax.TensorType((8, 8), "float32"))
+    g = relax.Var("g", relax.TensorType((8,), "float32"))
+    with bb.function("main", [x, w, g]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.matmul(x, w), name_hint="y")
+            bias = relax.const(np.linspace(-1, 1, 8, dtype="float32"))
+            # reads y's fp32 accumulator and feeds only the fp32 layer norm: fp32, no cast
+            e = bb.emit(relax.op.add(y, bias), name_hint="e")
+            o = bb.emit(relax.op.nn.layer_norm(e, g, g, axes=[-1]), name_hint="o")
+            # feeds only the function's result: low, as O2 says (then cast back as I/O)
+            z = bb.emit(relax.op.nn.relu(y), name_hint="z")
+            out = bb.emit_output(relax.Tuple([o, z]))
+        bb.emit_func_output(out)
+    result, report = run(bb.get(), "O2")
+    decided = {n.node: (n.dtype, n.reason) for n in report.nodes}
+    assert decided["main/e"] == ("float32", "feeds_fp32")
+    assert decided["main/z"] == ("float16", "policy")
+    adds = [b.value for b in result["main"].body.blocks[0].bindings if b.var.name == "e"]
+    assert adds[0].args[0].name == "y"  # the accumulator itself, not a cast of it
