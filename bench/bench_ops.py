@@ -66,6 +66,9 @@ OPS = {
     "channel_shuffle": (_Fn(_shuffle), [(1, 240, 28, 28)]),
     "bn_relu6": (_bn_relu6(144), [(1, 144, 56, 56)]),
     "transpose": (_Fn(lambda x: x.permute(0, 2, 1, 3).contiguous()), [(1, 6, 197, 64)]),
+    # MobileNetV2's rows -> NCHW layout change, and a square matrix transpose
+    "transpose_3136x144": (_Fn(lambda x: x.t().contiguous()), [(3136, 144)]),
+    "transpose_1024x1024": (_Fn(lambda x: x.t().contiguous()), [(1024, 1024)]),
 }
 
 
