@@ -199,6 +199,30 @@ def inline_epilogue(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> None
         raise NotApplicable("an epilogue block cannot be inlined")
 
 
+def fuse_transposed_inner(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
+    """Fuse the innermost loops of a transposing copy that no read's last index uses.
+
+    ``out[n, c, h, w] = rows[h * W + w, c]`` becomes ``[n, c, h * w]``, whose two innermost loops
+    :func:`schedule_injective` then tiles in squares. Returns False (nothing done) when the
+    block does not read a transposed operand or its loops were already transformed.
+    """
+    stmt = sch.get(block)
+    loops = sch.get_loops(block)
+    if not _reads_transposed(stmt) or len(loops) != len(stmt.iter_vars):
+        return False
+    last = set()
+    for read in stmt.reads:
+        last.update(undefined_vars(read.region[-1].min))
+    count = 0
+    for iv in reversed(stmt.iter_vars):
+        if iv.var in last:
+            break
+        count += 1
+    if count >= 2:
+        sch.fuse(*loops[-count:])
+    return True
+
+
 def _reads_transposed(stmt: s_tir.SBlock) -> bool:
     """Return whether a read of ``stmt`` uses its innermost iterator, but not in its last index."""
     if not stmt.iter_vars:
@@ -280,16 +304,21 @@ _MAX_SQUARE = 16
 def _square_tile(extents: list, lanes: int) -> int | None:
     """The side of the square tile of a transposing copy over the two innermost loops.
 
-    The largest power of two from ``min(lanes, 16)`` down to 8 that divides both extents, or
+    The largest power of two from ``min(lanes, 16)`` down to 8 that divides both extents; else
+    ``min(lanes, 16)`` with partial tiles at the edges when both extents are at least 8; else
     None. A bf16 ``[3136, 144]`` transpose (MobileNetV2's layout change) used to need whole
     32-lane registers (144 % 32 != 0) and fell back to an element-wise copy at 6.8 GB/s; its
-    16 x 16 tiles copy at 18-21 GB/s.
+    16 x 16 tiles copy at 18-21 GB/s. SqueezeNet's bf16 ``[12321, 64]`` (111 x 111 pixels)
+    copies at 14.9 GB/s in 16 x 16 tiles with a partial last column of tiles, against 5.0 GB/s
+    element-wise.
     """
     side = min(lanes, _MAX_SQUARE)
     while side >= _MIN_SQUARE:
         if extents[-1] % side == 0 and extents[-2] % side == 0:
             return side
         side //= 2
+    if min(extents[-2:]) >= _MIN_SQUARE:
+        return min(lanes, _MAX_SQUARE)
     return None
 
 

@@ -13,6 +13,7 @@ from .bf16_conv import im2col_channels, schedule_im2col
 from .common import (
     CPURule,
     all_static,
+    fuse_transposed_inner,
     schedule_injective,
     try_inline_all,
     use_parallel,
@@ -52,7 +53,8 @@ class CPUElementwise(CPURule):
                 # TVM 0.27's bf16 legalization rejects a vector store of a bf16 constant
                 # (``zeros``/``full``): fill those one element at a time.
                 lanes = 1 if dtype == "bfloat16" and not stmt.reads else vector_lanes(target, dtype)
-                lanes = _fuse_inner_loops(sch, block, lanes)
+                if not fuse_transposed_inner(sch, block):
+                    lanes = _fuse_inner_loops(sch, block, lanes)
                 schedule_injective(sch, block, lanes, parallel)
         except ScheduleError:
             return None

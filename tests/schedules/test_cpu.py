@@ -225,9 +225,15 @@ def test_default_rules_reject_non_cpu_target():
         default_cpu_rules(tvm.target.Target({"kind": "cuda", "arch": "sm_80"}))
 
 
-@pytest.mark.parametrize(("rows", "cols", "side"), [(48, 144, 16), (24, 40, 8), (64, 64, 16)])
+@pytest.mark.parametrize(
+    ("rows", "cols", "side"), [(48, 144, 16), (24, 40, 8), (64, 64, 16), (121, 64, 16), (9, 11, 16)]
+)
 def test_transposes_take_the_largest_square_tile_that_divides_them(rows, cols, side):
-    """bf16 [48, 144]: 144 is not a multiple of 32 lanes, so 16 x 16 tiles (not a flat copy)."""
+    """bf16 [48, 144]: 144 is not a multiple of 32 lanes, so 16 x 16 tiles (not a flat copy).
+
+    No power of two from 16 to 8 divides 121 (11 x 11 pixels): 16 x 16 tiles, partial at the
+    edge.
+    """
     from tvm import te
 
     from tvmamp.schedules.cpu.elementwise import CPUElementwise
@@ -244,3 +250,22 @@ def test_transposes_take_the_largest_square_tile_that_divides_them(rows, cols, s
     out = tvm.runtime.tensor(np.zeros((cols, rows), ml_dtypes.bfloat16), dev)
     lib(tvm.runtime.tensor(x, dev), out)
     np.testing.assert_array_equal(out.numpy(), x.T)
+
+
+def test_rows_to_nchw_transpose_fuses_the_pixels_and_takes_square_tiles():
+    """``out[0, c, h, w] = rows[h * 11 + w, c]``: pixels fused to 121, 16 x 16 tiles."""
+    from tvm import te
+
+    from tvmamp.schedules.cpu.elementwise import CPUElementwise
+
+    rows = te.placeholder((121, 64), "bfloat16", name="rows")
+    out = te.compute((1, 64, 11, 11), lambda n, c, h, w: rows[h * 11 + w, c], name="out")
+    sch = CPUElementwise().apply(te.create_prim_func([rows, out]), TARGET, False)
+    loops = sch.get_loops(sch.get_sblock("out"))
+    assert [int(sch.get(loop).extent) for loop in loops[-2:]] == [16, 16]
+    lib = tvm.compile(sch.mod, target=TARGET)
+    x = np.random.default_rng(8).standard_normal((121, 64)).astype(ml_dtypes.bfloat16)
+    dev = tvm.cpu()
+    y = tvm.runtime.tensor(np.zeros((1, 64, 11, 11), ml_dtypes.bfloat16), dev)
+    lib(tvm.runtime.tensor(x, dev), y)
+    np.testing.assert_array_equal(y.numpy(), x.T.reshape(1, 64, 11, 11))
