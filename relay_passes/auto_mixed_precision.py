@@ -557,7 +557,7 @@ def _feeds_fp32_only(func: relax.Function, policy: Policy) -> set:
     of bf16 ones would be slower). Any other use (tuples, other functions, nested blocks) keeps
     the var out of the set.
     """
-    if policy.level != "O2" or not isinstance(func.body, relax.SeqExpr):
+    if policy.level != "O2" or not policy.fp32_feeds or not isinstance(func.body, relax.SeqExpr):
         return set()
     bindings = [b for block in func.body.blocks for b in block.bindings]
     uses = {}  # var -> list of (consuming value or None, consuming binding var)

@@ -120,6 +120,9 @@ class TargetEntry:
     meta_schedule_build : str
         The global function meta_schedule's ``LocalBuilder`` builds tuning candidates with, so
         that they are lowered as the final build lowers them.
+    fp32_feeds : bool
+        Whether O2 keeps follow ops that only feed fp32 ops in fp32 (``Policy.fp32_feeds``).
+        False where every fp32 op falls back to a slower device (an fp16-only NPU).
     """
 
     name: str
@@ -128,6 +131,7 @@ class TargetEntry:
     check: Callable
     schedule_passes: Callable
     unsupported_low_ops: Callable = lambda target, dtype: ()
+    fp32_feeds: bool = True
     partition_passes: Callable = lambda target, policy: []
     pass_config: Callable = lambda target: {}
     finalize_passes: Callable = lambda target: []

@@ -106,7 +106,9 @@ def target_policy(
     if check_hardware and level != "O0":
         entry.check(tvm_target, dtype)
     unsupported = entry.unsupported_low_ops(tvm_target, dtype)
-    policy = Policy.for_level(level, dtype, unsupported_low_ops=unsupported, **custom)
+    policy = Policy.for_level(
+        level, dtype, unsupported_low_ops=unsupported, fp32_feeds=entry.fp32_feeds, **custom
+    )
     return policy, tvm_target, entry
 
 

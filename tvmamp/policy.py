@@ -173,6 +173,10 @@ class Policy:
     unsupported : frozenset of str
         Ops with no ``low_dtype`` kernel (on the target, or in TVM for bfloat16): fp32 at every
         level and whatever the per-node rules say.
+    fp32_feeds : bool
+        O2 only: a follow op whose result only feeds fp32 ops and that reads an fp32 value runs
+        in fp32 (no round trip through the low dtype). The target entry decides; an fp16-only
+        NPU turns it off.
     """
 
     level: str
@@ -183,6 +187,7 @@ class Policy:
     low_nodes: tuple = ()
     node_dtypes: dict = dataclasses.field(default_factory=dict)
     unsupported: frozenset = frozenset()
+    fp32_feeds: bool = True
 
     @classmethod
     def for_level(
@@ -197,6 +202,7 @@ class Policy:
         unsupported_low_ops: Iterable[str] = (),
         accumulate_dtype: str = "float32",
         node_dtypes: dict | None = None,
+        fp32_feeds: bool = True,
     ) -> Policy:
         """Build the policy for a level, with the user's list edits and the target's limits.
 
@@ -247,6 +253,7 @@ class Policy:
             low_nodes=_check_patterns(custom_low_nodes, "custom_low_nodes"),
             node_dtypes=_check_node_dtypes(node_dtypes),
             unsupported=unsupported,
+            fp32_feeds=bool(fp32_feeds),
         )
 
     def category(self, op_name: str) -> Category:

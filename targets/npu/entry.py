@@ -107,6 +107,9 @@ def make_entry(name: str, desc: NpuDescriptor) -> NpuTargetEntry:
         tir_pipeline=host.tir_pipeline,
         meta_schedule_build=host.ENTRY.meta_schedule_build,
         unsupported_low_ops=unsupported_low_ops,
+        # The NPU computes in its low dtypes only: an op O2 kept fp32 to save a round trip
+        # would leave a fused conv/dense composite for the host.
+        fp32_feeds=False,
         partition_passes=lambda target, policy: partition_passes(desc, policy),
         descriptor=desc,
     )

@@ -192,6 +192,9 @@ def test_o2_follow_low_except_residual_add_into_layer_norm():
     # O3 keeps every op low, the residual add included
     _, o3 = run(Before, "O3")
     assert {n.node: n.dtype for n in o3.nodes}["main/h"] == "float16"
+    # so does O2 on a target that turns the rule off (an fp16-only NPU)
+    _, npu = run(Before, "O2", fp32_feeds=False)
+    assert {n.node: n.dtype for n in npu.nodes}["main/h"] == "float16"
 
 
 def test_auto_keeps_input_dtype_and_promotes():
