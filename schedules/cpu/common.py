@@ -274,8 +274,8 @@ def schedule_injective(
     The innermost loop is split by ``lanes`` when it divides evenly; otherwise all loops are
     fused and split by the largest divisor of the total that fits in ``lanes``. A block that
     reads a transposed operand is tiled in squares of at most ``lanes`` (:func:`_square_tile`)
-    over its two innermost loops. The
-    loops outside the vector are fused and, when ``parallel``, run in parallel.
+    over its two innermost loops. The loops outside the vector are fused and, when
+    ``parallel``, run in parallel.
     """
     loops = sch.get_loops(block)
     extents = [static_extent(sch.get(loop).extent) for loop in loops]
@@ -304,22 +304,25 @@ _MAX_SQUARE = 16
 def _square_tile(extents: list, lanes: int) -> int | None:
     """The side of the square tile of a transposing copy over the two innermost loops.
 
-    The largest power of two from ``min(lanes, 16)`` down to 8 that divides both extents; else
-    ``min(lanes, 16)`` with partial tiles at the edges when both extents are at least 8; else
-    None. A bf16 ``[3136, 144]`` transpose (MobileNetV2's layout change) used to need whole
-    32-lane registers (144 % 32 != 0) and fell back to an element-wise copy at 6.8 GB/s; its
-    16 x 16 tiles copy at 18-21 GB/s. SqueezeNet's bf16 ``[12321, 64]`` (111 x 111 pixels)
+    The largest power of two from ``min(lanes, 16)`` down to ``min(lanes, 8)`` that divides both
+    extents; else ``min(lanes, 16)`` with partial tiles at the edges when both extents are at
+    least ``min(lanes, 8)``; else None.
+
+    A bf16 ``[3136, 144]`` transpose (MobileNetV2's layout change) used to need whole 32-lane
+    registers (144 % 32 != 0) and fell back to an element-wise copy at 6.8 GB/s; its 16 x 16
+    tiles copy at 18-21 GB/s. SqueezeNet's bf16 ``[12321, 64]`` (111 x 111 pixels)
     copies at 14.9 GB/s in 16 x 16 tiles with a partial last column of tiles, against 5.0 GB/s
     element-wise.
     """
-    side = min(lanes, _MAX_SQUARE)
-    while side >= _MIN_SQUARE:
+    top, bottom = min(lanes, _MAX_SQUARE), min(lanes, _MIN_SQUARE)
+    if top < 2:  # scalar stores (bf16 constant fills): nothing to tile
+        return None
+    side = top
+    while side >= bottom:
         if extents[-1] % side == 0 and extents[-2] % side == 0:
             return side
         side //= 2
-    if min(extents[-2:]) >= _MIN_SQUARE:
-        return min(lanes, _MAX_SQUARE)
-    return None
+    return top if min(extents[-2:]) >= bottom else None
 
 
 def _tile_square(sch: s_tir.Schedule, loops: list, lanes: int) -> tuple[list, object]:
