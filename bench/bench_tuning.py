@@ -32,6 +32,7 @@ import numpy as np
 import torch
 import tvm
 from bench_simplenet import torch_simplenet
+from bench_zoo import _first  # a model's output as one float64 array
 from tvm import relax
 from tvm.s_tir import meta_schedule as ms
 from zoo_models import ZOO
@@ -68,7 +69,7 @@ def torch_fns(name: str, params: dict, xs: list[np.ndarray]):
     if name.startswith("zoo:"):
         net = ZOO[name.removeprefix("zoo:")].build()
         tensors = [torch.from_numpy(x) for x in xs]
-        fp32 = lambda: _first(net(*tensors))  # noqa: E731
+        fp32 = lambda: net(*tensors)  # noqa: E731
     elif name.startswith("gemm"):  # bf16 operands converted once, as weights would be
         tw = torch.from_numpy(params["w"])
         xb, wb = tx.bfloat16(), tw.bfloat16()
@@ -101,15 +102,6 @@ def build_with(converted, database) -> Executable:
     return Executable(vm_exec, c.target, c.mod, c.report, c.policy)
 
 
-def _first(out):
-    """The first tensor of a model output (a tuple, a Hugging Face output or a tensor)."""
-    if isinstance(out, (tuple, list)):
-        return _first(out[0])
-    if hasattr(out, "to_tuple"):
-        return _first(out.to_tuple())
-    return out
-
-
 def bench(name, mod, params, target, trials, repeat, work_dir, inputs=None):
     """One row: ms of untuned, meta_schedule, tvmamp log, torch fp32 and bf16; tuning; notes."""
     untuned = tvmamp.build(mod, "O2", target, "bfloat16", params)
@@ -125,7 +117,7 @@ def bench(name, mod, params, target, trials, repeat, work_dir, inputs=None):
     fp32, bf16 = torch_fns(name, params, xs)
     exes = (untuned, raw, logged)
     with torch.no_grad():
-        ref = fp32().float().numpy()
+        ref = _first(fp32())
         fns = [*(lambda e=e: e(*xs) for e in exes), fp32, bf16]
         times = paired_medians(fns, repeat)
     errors = [max_rel_error(_first(e(*xs)), ref) for e in exes]
