@@ -294,7 +294,8 @@ class _Rewriter(PyExprMutator):
 
         A white op's fp32 accumulator counts: the op reads it unrounded, and no cast is needed.
         """
-        if self.policy.level != "O2" or dtype == "float32" or var not in self._fp32_only:
+        # _fp32_only is empty unless the policy is O2 with fp32_feeds on
+        if dtype == "float32" or var not in self._fp32_only:
             return False
         if self.policy.category(op_name) is not Category.FOLLOW:
             return False
