@@ -15,6 +15,8 @@ from tvm.target import Target
 from tvm.target.codegen import target_has_features
 from tvm.tirx.analysis import undefined_vars
 
+from . import transpose_intrin as transpose
+
 # Vector register width in bits, by the widest x86 feature the target has.
 _VECTOR_BITS_BY_FEATURE = (("avx512f", 512), ("avx2", 256), ("avx", 256))
 _DEFAULT_VECTOR_BITS = 128
@@ -282,6 +284,13 @@ def schedule_injective(
     square = _square_tile(extents, lanes) if len(loops) > 1 else None
     if square is not None and _reads_transposed(sch.get(block)):
         outer, vec = _tile_square(sch, loops, square)
+        llvm_ir = _tensorize_transpose(sch, block, extents) if square == transpose.SIDE else None
+        if llvm_ir is not None:
+            fused = sch.fuse(*outer)
+            if parallel:
+                sch.parallel(fused)
+            sch.annotate(fused, "pragma_import_llvm", llvm_ir)
+            return
     elif extents[-1] % lanes == 0:
         vec_outer, vec = sch.split(loops[-1], [None, lanes])
         outer = [*loops[:-1], vec_outer]
@@ -323,6 +332,31 @@ def _square_tile(extents: list, lanes: int) -> int | None:
             return side
         side //= 2
     return top if min(extents[-2:]) >= bottom else None
+
+
+def _tensorize_transpose(sch: s_tir.Schedule, block, extents: list) -> str | None:
+    """Copy each 16 x 16 tile of a transposing copy with :mod:`.transpose_intrin`.
+
+    Only whole tiles of a bare copy of 16- or 32-bit elements, or of an fp32 -> bf16 cast.
+    Returns the LLVM IR the kernel must import, or None with ``sch`` unchanged.
+    """
+    stmt = sch.get(block)
+    if len(stmt.reads) != 1 or any(e is None or e % transpose.SIDE for e in extents[-2:]):
+        return None
+    src, dst = str(stmt.reads[0].source.dtype), str(stmt.writes[0].source.dtype)
+    found = transpose.transpose_intrin(src, dst)
+    if found is None:
+        return None
+    intrin, llvm_ir = found
+    row = sch.get_loops(block)[-2]
+    try:
+        trial = sch.copy()  # a failed tensorize must leave no trace in ``sch``
+        inner = trial.get_loops(trial.get_sblock(stmt.name_hint))[-2]
+        trial.tensorize(trial.blockize(inner), intrin)
+    except (ScheduleError, ValueError, KeyError):
+        return None
+    sch.tensorize(sch.blockize(row), intrin)
+    return llvm_ir
 
 
 def _tile_square(sch: s_tir.Schedule, loops: list, lanes: int) -> tuple[list, object]:

@@ -241,15 +241,70 @@ def test_transposes_take_the_largest_square_tile_that_divides_them(rows, cols, s
     a = te.placeholder((rows, cols), "bfloat16", name="a")
     b = te.compute((cols, rows), lambda i, j: a[j, i], name="b")
     sch = CPUElementwise().apply(te.create_prim_func([a, b]), TARGET, False)
-    loops = sch.get_loops(sch.get_sblock("b"))
-    assert [int(sch.get(loop).extent) for loop in loops[-2:]] == [side, side]
-    assert sch.get(loops[-1]).kind == tvm.tirx.ForKind.VECTORIZED
+    if rows % 16 == 0 and cols % 16 == 0:  # whole 16 x 16 tiles: shuffled in registers
+        assert '"tvmamp_transpose_16x16_i16"' in sch.mod.script()
+        assert int(sch.get(sch.get_loops(sch.get_sblock("b_o"))[0]).extent) == rows * cols // 256
+    else:
+        loops = sch.get_loops(sch.get_sblock("b"))
+        assert [int(sch.get(loop).extent) for loop in loops[-2:]] == [side, side]
+        assert sch.get(loops[-1]).kind == tvm.tirx.ForKind.VECTORIZED
     lib = tvm.compile(sch.mod, target=TARGET)
     x = np.random.default_rng(7).standard_normal((rows, cols)).astype(ml_dtypes.bfloat16)
     dev = tvm.cpu()
     out = tvm.runtime.tensor(np.zeros((cols, rows), ml_dtypes.bfloat16), dev)
     lib(tvm.runtime.tensor(x, dev), out)
     np.testing.assert_array_equal(out.numpy(), x.T)
+
+
+@pytest.mark.parametrize("cores", [1, 2])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "int32", "int8"])
+def test_whole_tile_transposes_shuffle_in_registers_and_copy_exactly(dtype, cores, rng):
+    """[3, 48, 80] -> [3, 80, 48] (attention's K^T): 16- and 32-bit elements take the register
+    transpose (:mod:`tvmamp.schedules.cpu.transpose_intrin`), int8 keeps the vector copy."""
+    from tvm import te
+
+    from tvmamp.schedules.cpu.elementwise import CPUElementwise
+
+    target = tvm.target.Target({"kind": "llvm", "mcpu": "x86-64-v4", "num-cores": cores})
+    a = te.placeholder((3, 48, 80), dtype, name="a")
+    b = te.compute((3, 80, 48), lambda n, i, j: a[n, j, i], name="b")
+    sch = CPUElementwise().apply(te.create_prim_func([a, b]), target, False)
+    np_dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype
+    bits = np.dtype(np_dtype).itemsize * 8
+    assert (f'"tvmamp_transpose_16x16_i{bits}"' in sch.mod.script()) == (bits in (16, 32))
+    lib = tvm.compile(sch.mod, target=target)
+    x = (rng.standard_normal((3, 48, 80)) * 50).astype(
+        ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype
+    )
+    out = tvm.runtime.tensor(np.zeros((3, 80, 48), x.dtype), tvm.cpu())
+    lib(tvm.runtime.tensor(x, tvm.cpu()), out)
+    np.testing.assert_array_equal(out.numpy(), x.transpose(0, 2, 1))
+
+
+@pytest.mark.parametrize("dst", ["bfloat16", "float16"])
+def test_a_casting_transpose_rounds_like_the_cast(dst, rng):
+    """fp32 -> bf16 transposed: rounded in registers (to nearest even; NaN stays NaN, +-inf
+    and overflow as the cast); fp32 -> fp16 keeps the vector copy. Both exact."""
+    from tvm import te
+
+    from tvmamp.schedules.cpu.elementwise import CPUElementwise
+
+    a = te.placeholder((32, 64), "float32", name="a")
+    b = te.compute((64, 32), lambda i, j: a[j, i].astype(dst), name="b")
+    sch = CPUElementwise().apply(te.create_prim_func([a, b]), TARGET, False)
+    assert ("tvmamp_transpose_16x16_i16_from_f32" in sch.mod.script()) == (dst == "bfloat16")
+    lib = tvm.compile(sch.mod, target=TARGET)
+    x = rng.standard_normal((32, 64)).astype("float32")
+    # ties to even both ways, the largest finite value, specials
+    x.reshape(-1)[:8] = np.array([0x3F808000, 0x3F818000, 0x7F7FFFFF, 0x80000001], "uint32").view(
+        "float32"
+    ).tolist() + [np.inf, -np.inf, np.nan, -0.0]
+    low = ml_dtypes.bfloat16 if dst == "bfloat16" else np.float16
+    out = tvm.runtime.tensor(np.zeros((64, 32), low), tvm.cpu())
+    lib(tvm.runtime.tensor(x, tvm.cpu()), out)
+    with np.errstate(over="ignore"):
+        ref = x.T.astype(low)
+    np.testing.assert_array_equal(out.numpy().view(np.uint16), ref.view(np.uint16))
 
 
 def test_rows_to_nchw_transpose_fuses_the_pixels_and_takes_square_tiles():
