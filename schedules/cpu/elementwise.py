@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import tvm
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.schedule import ScheduleError
@@ -14,12 +15,19 @@ from .common import (
     CPURule,
     all_static,
     fuse_transposed_inner,
+    largest_divisor,
     schedule_injective,
+    static_extent,
     try_inline_all,
     use_parallel,
     vector_lanes,
 )
 
+# The operand fields of the TIR expressions a concat's epilogue can hold (casts, arithmetic).
+_EXPR_FIELDS = ("a", "b", "value", "condition", "true_value", "false_value")
+# A concat part not starting at 0 is vectorised whole up to this many registers (TVM's split
+# rejects such a loop; LLVM splits the wide vector).
+_MAX_WHOLE_VECTOR = 8
 # The shortest vector used to avoid fusing a whole nest (see ``_fuse_inner_loops``).
 _MIN_SHORT_LANES = 4
 
@@ -53,6 +61,8 @@ class CPUElementwise(CPURule):
                 # TVM 0.27's bf16 legalization rejects a vector store of a bf16 constant
                 # (``zeros``/``full``): fill those one element at a time.
                 lanes = 1 if dtype == "bfloat16" and not stmt.reads else vector_lanes(target, dtype)
+                if schedule_concat(sch, block, lanes, parallel):
+                    continue
                 if not fuse_transposed_inner(sch, block):
                     lanes = _fuse_inner_loops(sch, block, lanes)
                 schedule_injective(sch, block, lanes, parallel)
@@ -66,6 +76,67 @@ def _is_spatial(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
     stmt = sch.get(block)
     spatial = all(iv.iter_type == tirx.IterVar.DataPar for iv in stmt.iter_vars)
     return spatial and len(stmt.writes) == 1 and len(sch.get_loops(block)) > 0
+
+
+def schedule_concat(
+    sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes: int, parallel: bool
+) -> bool:
+    """Cut a concatenation along the innermost axis into one vectorised loop per input.
+
+    Legalized, ``concat`` selects its input element by element (``if_then_else(off_i <= c,
+    x_i[.., c - off_i], ...)``): vectorised as one loop, every lane loads from every input and
+    selects (DenseNet's concat of 25 inputs with its batch-norm and ReLU: 2.8 GB/s). The
+    innermost loop is partitioned at the offsets (``loop_partition``), where each part's
+    condition is known, and each part is split into vectors of the largest divisor of its width
+    up to ``lanes``. Returns False, doing nothing, when the block selects on no constant offset
+    of its innermost iterator.
+    """
+    stmt = sch.get(block)
+    loops = sch.get_loops(block)
+    if not stmt.iter_vars or len(loops) != len(stmt.iter_vars):
+        return False
+    extent = static_extent(sch.get(loops[-1]).extent)
+    cuts = _concat_offsets(stmt, stmt.iter_vars[-1].var, extent)
+    if extent is None or not cuts:
+        return False
+    bounds = [0, *cuts, extent]
+    widths = [b - a for a, b in zip(bounds, bounds[1:])]
+    parts = sch.loop_partition(loops[-1], [*widths[:-1], None])  # the last one is inferred
+    for part, start, width in zip(parts, bounds, widths):
+        vector = largest_divisor(width, lanes)
+        if start == 0 and vector > 1:
+            sch.vectorize(sch.split(part, [None, vector])[-1])
+        elif width <= _MAX_WHOLE_VECTOR * lanes:  # split needs a loop from 0: one wide vector
+            sch.vectorize(part)
+        # else LLVM's loop vectoriser takes the part's plain, branch-free loop
+    if len(loops) > 1:
+        outer = sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]
+        if parallel:
+            sch.parallel(outer)
+    return True
+
+
+def _concat_offsets(stmt: s_tir.SBlock, var: tirx.Var, extent: int | None) -> list[int]:
+    """The constant offsets ``off`` of ``if_then_else(off <= var, ...)`` selects in ``stmt``."""
+    if extent is None or not isinstance(stmt.body, tirx.BufferStore):
+        return []
+    offsets = set()
+    pending = [stmt.body.value]
+    while pending:  # TVM 0.27 has no Python visitor for TIR expressions
+        node = pending.pop()
+        if isinstance(node, tvm.ir.Call):
+            cond = node.args[0] if node.op.name.endswith("if_then_else") else None
+            if isinstance(cond, tirx.LE) and isinstance(cond.a, tirx.IntImm):
+                if cond.b.same_as(var):
+                    offsets.add(int(cond.a.value))
+            pending.extend(node.args)
+        else:
+            pending.extend(
+                getattr(node, field)
+                for field in _EXPR_FIELDS
+                if isinstance(getattr(node, field, None), tvm.ir.Expr)
+            )
+    return sorted(o for o in offsets if 0 < o < extent)
 
 
 def _num_elements(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> int:

@@ -9,6 +9,7 @@ import tvm
 from tvm import relax
 from tvm.script import tirx as T
 
+import tvmamp
 from tvmamp.pipeline import legalize_passes
 from tvmamp.schedules.cpu import CPUConv2d, CPUMatmul, cpu_schedule_passes, default_cpu_rules
 
@@ -324,3 +325,33 @@ def test_rows_to_nchw_transpose_fuses_the_pixels_and_takes_square_tiles():
     y = tvm.runtime.tensor(np.zeros((1, 64, 11, 11), ml_dtypes.bfloat16), dev)
     lib(tvm.runtime.tensor(x, dev), y)
     np.testing.assert_array_equal(y.numpy(), x.T.reshape(1, 64, 11, 11))
+
+
+@pytest.mark.parametrize("cores", [1, 2])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("widths", [(64, 32, 32, 32), (3, 17, 40), (256, 5)])
+def test_concat_on_the_last_axis_is_cut_into_one_loop_per_input(widths, dtype, cores, rng):
+    """DenseNet's concat of NHWC rows, with its batch-norm and ReLU fused: one partition per
+    input (no per-element select), exact against numpy at odd widths."""
+    bb = relax.BlockBuilder()
+    xs = [relax.Var(f"x{i}", relax.TensorType((7, w), dtype)) for i, w in enumerate(widths)]
+    scale = relax.Var("scale", relax.TensorType((sum(widths),), "float32"))
+    with bb.function("main", [*xs, scale]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.astype(relax.op.concat(xs, axis=1), "float32"))
+            out = bb.emit_output(relax.op.nn.relu(relax.op.multiply(y, scale)))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    fused = tvm.transform.Sequential(legalize_passes())(mod)
+    (func,) = [f for _, f in fused.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    target = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": cores})
+    from tvmamp.schedules.cpu.elementwise import CPUElementwise
+
+    script = CPUElementwise().apply(func, target, False).mod.script()
+    assert script.count("_partition") == len(widths)
+    low = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float32
+    arrays = [rng.standard_normal((7, w)).astype(low) for w in widths]
+    s = rng.standard_normal(sum(widths)).astype("float32")
+    exe = tvmamp.build(mod, "O0", target)
+    ref = np.maximum(np.concatenate([a.astype("float32") for a in arrays], 1) * s, 0)
+    np.testing.assert_array_equal(exe(*arrays, s), ref)
