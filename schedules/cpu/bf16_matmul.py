@@ -233,7 +233,7 @@ def _pack_pairs(sch: s_tir.Schedule, pack: SBlockRV, target: Target) -> None:
         # Tensorized by bf16_passes.SplitPreproc once split out of the kernel.
         j_outer, j_inner = sch.split(j, [None, 32])
         k_outer, k_pair = sch.split(k, [None, pair])
-        sch.reorder(k_outer, j_outer, j_inner, k_pair)  # read B row by row
+        sch.reorder(j_outer, k_outer, j_inner, k_pair)  # write the packed panels in order
         sch.annotate(pack, PACK_PAIRS, True)
     else:
         j_outer, j_lane = sch.split(j, [None, lanes])
