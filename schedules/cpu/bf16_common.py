@@ -18,6 +18,7 @@ from tvm.script import tirx as T
 from tvm.target import Target
 from tvm.target.codegen import llvm_cpu_has_features
 
+from . import transpose_intrin as transpose
 from .matmul_analysis import iter_kinds
 
 # The annotation SplitLayoutRewritePreproc looks for.
@@ -29,6 +30,9 @@ PREPROC_ACTIVATION = "tvmamp.preproc_activation"
 # A weight-packing block whose loops are (K / 2, J / 32, 32, 2): tensorized with
 # PACK_PAIRS_INTRIN after it is split out (SplitLayoutRewritePreproc rejects tensorized blocks).
 PACK_PAIRS = "tvmamp.pack_pairs"
+# A packing block reading B as [J, K], loops (J / 16, K / 32, 16, 32): tensorized with
+# PACK_PAIRS_T_INTRIN after it is split out.
+PACK_PAIRS_T = "tvmamp.pack_pairs_t"
 
 
 def has_avx512bf16(target: Target) -> bool:
@@ -145,3 +149,51 @@ def pack_pairs_intrin() -> str:
     if TensorIntrin.get(PACK_PAIRS_INTRIN, allow_missing=True) is None:
         TensorIntrin.register(PACK_PAIRS_INTRIN, _pack_pairs_desc, _pack_pairs_impl)
     return PACK_PAIRS_INTRIN
+
+
+# A 16 x 32 tile of B[J, K] -> one 16-column panel of 16 pairs: a 16 x 16 transpose of the
+# 32-bit pairs in registers (:mod:`.transpose_intrin`, 32-bit elements).
+PACK_PAIRS_T_INTRIN = "tvmamp_x86_pack_pairs_t_16x32"
+
+
+@T.prim_func(s_tir=True)
+def _pack_pairs_t_desc(s: T.handle, d: T.handle) -> None:
+    S = T.match_buffer(s, (16, 32), "bfloat16", offset_factor=1, strides=[T.int64(), 1])
+    D = T.match_buffer(
+        d, (1, 16, 16, 2), "bfloat16", offset_factor=1, strides=[T.int64(), 32, 2, 1]
+    )
+    with T.sblock("root"):
+        T.reads(S[0:16, 0:32])
+        T.writes(D[0:1, 0:16, 0:16, 0:2])
+        for j, k in T.grid(16, 32):
+            with T.sblock("pack"):
+                vj, vk = T.axis.remap("SS", [j, k])
+                D[vj // 16, vk // 2, vj % 16, vk % 2] = S[vj, vk]
+
+
+@T.prim_func(s_tir=True)
+def _pack_pairs_t_impl(s: T.handle, d: T.handle) -> None:
+    lds = T.int64()
+    ldd = T.int64()
+    S = T.match_buffer(s, (16, 32), "bfloat16", offset_factor=1, strides=[lds, 1])
+    D = T.match_buffer(d, (1, 16, 16, 2), "bfloat16", offset_factor=1, strides=[ldd, 32, 2, 1])
+    with T.sblock("root"):
+        T.reads(S[0:16, 0:32])
+        T.writes(D[0:1, 0:16, 0:16, 0:2])
+        T.evaluate(
+            T.call_extern(
+                "void",
+                transpose.intrin_name(32),
+                T.address_of(D[0, 0, 0, 0]),
+                T.int64(64),
+                T.address_of(S[0, 0]),
+                lds * 2,
+            )
+        )
+
+
+def pack_pairs_t_intrin() -> tuple[str, str]:
+    """Register (once) the transposing weight-packing intrinsic; return it and its LLVM IR."""
+    if TensorIntrin.get(PACK_PAIRS_T_INTRIN, allow_missing=True) is None:
+        TensorIntrin.register(PACK_PAIRS_T_INTRIN, _pack_pairs_t_desc, _pack_pairs_t_impl)
+    return PACK_PAIRS_T_INTRIN, transpose.llvm_ir(32)

@@ -10,11 +10,13 @@ from tvm import s_tir, tirx
 from tvm.s_tir.dlight.gpu.matmul import auto_inline_producers
 from tvm.s_tir.schedule import SBlockRV, ScheduleError
 from tvm.target import Target
+from tvm.tirx.analysis import undefined_vars
 
 from ..x86 import bf16_intrin as intrin
 from . import bf16_amx as amx
 from .bf16_common import (
     PACK_PAIRS,
+    PACK_PAIRS_T,
     PREPROC,
     has_amx_bf16,
     has_avx512bf16,
@@ -219,17 +221,28 @@ def prepare(
 def _pack_pairs(sch: s_tir.Schedule, pack: SBlockRV, target: Target) -> None:
     """Lay ``B[S, J, K]`` out as ``[S, J / 16, K / 2, 16, 2]`` in a pre-processing block.
 
-    With whole 32-column blocks the loops are ``(K / 2, J / 32, 32, 2)`` and the block is marked
+    With whole 32-column blocks the loops are ``(J / 32, K / 2, 32, 2)`` and the block is marked
     :data:`.bf16_common.PACK_PAIRS`: :func:`.bf16_passes.tensorize_packs` interleaves
     every two rows of 32 columns with wide loads and shuffles once the packing is split out.
-    Otherwise the copy loops follow the packed layout, one gathered vector per pair row.
+    A ``B`` read as ``[J, K]`` (K innermost) in whole 16 x 32 tiles is marked
+    :data:`.bf16_common.PACK_PAIRS_T` instead, loops ``(J / 16, K / 32, 16, 32)``: each tile
+    is a 16 x 16 register transpose of 32-bit pairs. Otherwise the copy loops follow the packed
+    layout, one gathered vector per pair row.
     """
     lanes, pair = intrin.LANES, intrin.PAIR
     sch.transform_layout(
         pack, ("write", 0), lambda s, j, k: (s, j // lanes, k // pair, j % lanes, k % pair)
     )
     j, k = sch.get_loops(pack)[-2:]  # a unit S loop may be absent
-    if int(sch.get(j).extent) % 32 == 0 and int(sch.get(k).extent) % pair == 0:
+    j_extent, k_extent = int(sch.get(j).extent), int(sch.get(k).extent)
+    if _reads_k_innermost(sch.get(pack)) and j_extent % lanes == 0 and k_extent % 32 == 0:
+        # B is [J, K] (``x @ W.T`` on a run-time weight): each 16 x 32 tile is a 16 x 16
+        # transpose of 32-bit pairs, tensorized by bf16_passes once split out.
+        j_outer, j_lane = sch.split(j, [None, lanes])
+        k_outer, k_tile = sch.split(k, [None, 32])
+        sch.reorder(j_outer, k_outer, j_lane, k_tile)
+        sch.annotate(pack, PACK_PAIRS_T, True)
+    elif j_extent % 32 == 0 and k_extent % pair == 0:
         # Tensorized by bf16_passes.SplitPreproc once split out of the kernel.
         j_outer, j_inner = sch.split(j, [None, 32])
         k_outer, k_pair = sch.split(k, [None, pair])
@@ -242,6 +255,13 @@ def _pack_pairs(sch: s_tir.Schedule, pack: SBlockRV, target: Target) -> None:
         sch.vectorize(sch.fuse(j_lane, k_pair))
     _parallel_outer(sch, pack, target)
     mark_preproc(sch, pack)
+
+
+def _reads_k_innermost(block: s_tir.SBlock) -> bool:
+    """Whether the packing ``block`` reads ``B`` with its last iterator (K) innermost."""
+    k = block.iter_vars[-1].var
+    last = block.reads[0].region[-1].min if block.reads else None
+    return last is not None and any(v.same_as(k) for v in undefined_vars(last))
 
 
 def _copy_rows(sch: s_tir.Schedule, copy: SBlockRV, target: Target) -> None:

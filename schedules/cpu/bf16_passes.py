@@ -8,9 +8,11 @@ from tvm import relax, s_tir, tirx
 from .bf16_common import (
     PACK_PAIRS,
     PACK_PAIRS_LLVM_IR,
+    PACK_PAIRS_T,
     PREPROC,
     PREPROC_ACTIVATION,
     pack_pairs_intrin,
+    pack_pairs_t_intrin,
     root_blocks,
 )
 
@@ -75,6 +77,10 @@ def tensorize_packs(mod: tvm.IRModule) -> tvm.IRModule:
             marked = [b for b in root_blocks(sch) if PACK_PAIRS in sch.get(b).annotations]
             for block in marked:
                 _tensorize_pack(sch, block)
+            transposed = [b for b in root_blocks(sch) if PACK_PAIRS_T in sch.get(b).annotations]
+            for block in transposed:
+                _tensorize_pack_t(sch, block)
+            marked += transposed
             if marked:
                 updates[gvar] = sch.mod["main"]
     return _with_functions(mod, updates)
@@ -92,6 +98,21 @@ def _tensorize_pack(sch: s_tir.Schedule, block) -> None:
         return
     sch.tensorize(sch.blockize(loops[-2]), pack_pairs_intrin())
     sch.annotate(loops[0], "pragma_import_llvm", PACK_PAIRS_LLVM_IR)
+
+
+def _tensorize_pack_t(sch: s_tir.Schedule, block) -> None:
+    """Tensorize one :data:`PACK_PAIRS_T` block at its ``(16, 32)`` loops, else vectorise."""
+    sch.unannotate(block, PACK_PAIRS_T)
+    loops = sch.get_loops(block)
+    intrin, llvm_ir = pack_pairs_t_intrin()
+    try:
+        trial = sch.copy()  # a failed tensorize must leave no trace in ``sch``
+        trial.tensorize(trial.blockize(loops[-2]), intrin)
+    except s_tir.schedule.ScheduleError:
+        sch.vectorize(loops[-1])
+        return
+    sch.tensorize(sch.blockize(loops[-2]), intrin)
+    sch.annotate(loops[0], "pragma_import_llvm", llvm_ir)
 
 
 def _promote_activation_marks(mod: tvm.IRModule) -> tvm.IRModule:
