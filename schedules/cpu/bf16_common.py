@@ -10,7 +10,7 @@ weights at compile time. :func:`tvmamp.schedules.cpu.cpu_schedule_passes` runs b
 
 from __future__ import annotations
 
-from tvm import s_tir, tirx
+from tvm import DataType, s_tir, tirx
 from tvm.s_tir import TensorIntrin
 from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.schedule import SBlockRV
@@ -108,47 +108,88 @@ define linkonce_odr void @tvmamp_pack_pairs_2x32(ptr %d, i64 %ldd, ptr %s, i64 %
 
 attributes #0 = {{ alwaysinline nounwind }}
 """
+_CONCAT32 = ", ".join(f"i32 {i}" for i in range(32))
+# The same from two rows of 32 fp32, rounded to bf16 on the way (a run-time fp32 weight) with
+# vcvtneps2bf16: these packs only run on avx512_bf16 targets.
+PACK_PAIRS_F32_LLVM_IR = "\n".join(
+    [
+        "define linkonce_odr void @tvmamp_pack_pairs_2x32_from_f32("
+        "ptr %d, i64 %ldd, ptr %s, i64 %lds) #0 {",
+        "  %s1 = getelementptr i8, ptr %s, i64 %lds",
+        "  %d1 = getelementptr i8, ptr %d, i64 %ldd",
+        "  %s0h = getelementptr i8, ptr %s, i64 64",
+        "  %s1h = getelementptr i8, ptr %s1, i64 64",
+        *transpose.round_to_bf16("a0", "%s", native=True),
+        *transpose.round_to_bf16("a1", "%s0h", native=True),
+        *transpose.round_to_bf16("b0", "%s1", native=True),
+        *transpose.round_to_bf16("b1", "%s1h", native=True),
+        f"  %r0 = shufflevector <16 x i16> %a0, <16 x i16> %a1, <32 x i32> <{_CONCAT32}>",
+        f"  %r1 = shufflevector <16 x i16> %b0, <16 x i16> %b1, <32 x i32> <{_CONCAT32}>",
+        f"  %lo = shufflevector <32 x i16> %r0, <32 x i16> %r1, <32 x i32> <{_PACK_LO}>",
+        f"  %hi = shufflevector <32 x i16> %r0, <32 x i16> %r1, <32 x i32> <{_PACK_HI}>",
+        "  store <32 x i16> %lo, ptr %d, align 2",
+        "  store <32 x i16> %hi, ptr %d1, align 2",
+        "  ret void",
+        "}",
+        "",
+        "attributes #0 = { alwaysinline nounwind }",
+        "",
+    ]
+)
 
 
-@T.prim_func(s_tir=True)
-def _pack_pairs_desc(s: T.handle, d: T.handle) -> None:
-    S = T.match_buffer(s, (2, 32), "bfloat16", offset_factor=1, strides=[T.int64(), 1])
-    D = T.match_buffer(d, (2, 1, 16, 2), "bfloat16", offset_factor=1, strides=[T.int64(), 32, 2, 1])
-    with T.sblock("root"):
-        T.reads(S[0:2, 0:32])
-        T.writes(D[0:2, 0:1, 0:16, 0:2])
-        for j, k in T.grid(32, 2):
-            with T.sblock("pack"):
-                vj, vk = T.axis.remap("SS", [j, k])
-                D[vj // 16, vk // 2, vj % 16, vk % 2] = S[vk, vj]
+def _pack_pairs_pair(src: str, function: str):
+    """The (description, implementation) of the pair-interleaving step reading ``src``."""
+    src_bytes = DataType(src).bits // 8
 
-
-@T.prim_func(s_tir=True)
-def _pack_pairs_impl(s: T.handle, d: T.handle) -> None:
-    lds = T.int64()
-    ldd = T.int64()
-    S = T.match_buffer(s, (2, 32), "bfloat16", offset_factor=1, strides=[lds, 1])
-    D = T.match_buffer(d, (2, 1, 16, 2), "bfloat16", offset_factor=1, strides=[ldd, 32, 2, 1])
-    with T.sblock("root"):
-        T.reads(S[0:2, 0:32])
-        T.writes(D[0:2, 0:1, 0:16, 0:2])
-        T.evaluate(
-            T.call_extern(
-                "void",
-                "tvmamp_pack_pairs_2x32",
-                T.address_of(D[0, 0, 0, 0]),
-                ldd * 2,
-                T.address_of(S[0, 0]),
-                lds * 2,
-            )
+    @T.prim_func(s_tir=True)
+    def desc(s: T.handle, d: T.handle) -> None:
+        S = T.match_buffer(s, (2, 32), src, offset_factor=1, strides=[T.int64(), 1])
+        D = T.match_buffer(
+            d, (2, 1, 16, 2), "bfloat16", offset_factor=1, strides=[T.int64(), 32, 2, 1]
         )
+        with T.sblock("root"):
+            T.reads(S[0:2, 0:32])
+            T.writes(D[0:2, 0:1, 0:16, 0:2])
+            for j, k in T.grid(32, 2):
+                with T.sblock("pack"):
+                    vj, vk = T.axis.remap("SS", [j, k])
+                    D[vj // 16, vk // 2, vj % 16, vk % 2] = (
+                        S[vk, vj] if src == "bfloat16" else T.Cast("bfloat16", S[vk, vj])
+                    )
+
+    @T.prim_func(s_tir=True)
+    def impl(s: T.handle, d: T.handle) -> None:
+        lds = T.int64()
+        ldd = T.int64()
+        S = T.match_buffer(s, (2, 32), src, offset_factor=1, strides=[lds, 1])
+        D = T.match_buffer(d, (2, 1, 16, 2), "bfloat16", offset_factor=1, strides=[ldd, 32, 2, 1])
+        with T.sblock("root"):
+            T.reads(S[0:2, 0:32])
+            T.writes(D[0:2, 0:1, 0:16, 0:2])
+            T.evaluate(
+                T.call_extern(
+                    "void",
+                    function,
+                    T.address_of(D[0, 0, 0, 0]),
+                    ldd * 2,
+                    T.address_of(S[0, 0]),
+                    lds * src_bytes,
+                )
+            )
+
+    return desc, impl
 
 
-def pack_pairs_intrin() -> str:
-    """Register (once) and return the weight-packing intrinsic: 2 rows x 32 columns."""
-    if TensorIntrin.get(PACK_PAIRS_INTRIN, allow_missing=True) is None:
-        TensorIntrin.register(PACK_PAIRS_INTRIN, _pack_pairs_desc, _pack_pairs_impl)
-    return PACK_PAIRS_INTRIN
+def pack_pairs_intrin(src: str = "bfloat16") -> tuple[str, str]:
+    """Register (once) the weight-packing intrinsic for 2 rows x 32 columns of ``src`` (bf16,
+    or fp32 rounded on the way); return its name and the LLVM IR to import."""
+    from_f32 = src == "float32"
+    name = PACK_PAIRS_INTRIN + ("_from_f32" if from_f32 else "")
+    function = "tvmamp_pack_pairs_2x32" + ("_from_f32" if from_f32 else "")
+    if TensorIntrin.get(name, allow_missing=True) is None:
+        TensorIntrin.register(name, *_pack_pairs_pair(src, function))
+    return name, PACK_PAIRS_F32_LLVM_IR if from_f32 else PACK_PAIRS_LLVM_IR
 
 
 # A 16 x 32 tile of B[J, K] -> one 16-column panel of 16 pairs: a 16 x 16 transpose of the
@@ -156,44 +197,55 @@ def pack_pairs_intrin() -> str:
 PACK_PAIRS_T_INTRIN = "tvmamp_x86_pack_pairs_t_16x32"
 
 
-@T.prim_func(s_tir=True)
-def _pack_pairs_t_desc(s: T.handle, d: T.handle) -> None:
-    S = T.match_buffer(s, (16, 32), "bfloat16", offset_factor=1, strides=[T.int64(), 1])
-    D = T.match_buffer(
-        d, (1, 16, 16, 2), "bfloat16", offset_factor=1, strides=[T.int64(), 32, 2, 1]
-    )
-    with T.sblock("root"):
-        T.reads(S[0:16, 0:32])
-        T.writes(D[0:1, 0:16, 0:16, 0:2])
-        for j, k in T.grid(16, 32):
-            with T.sblock("pack"):
-                vj, vk = T.axis.remap("SS", [j, k])
-                D[vj // 16, vk // 2, vj % 16, vk % 2] = S[vj, vk]
+def _pack_pairs_t(src: str, function: str):
+    """The (description, implementation) of the transposing pack of a 16 x 32 ``src`` tile."""
+    src_bytes = DataType(src).bits // 8
 
-
-@T.prim_func(s_tir=True)
-def _pack_pairs_t_impl(s: T.handle, d: T.handle) -> None:
-    lds = T.int64()
-    ldd = T.int64()
-    S = T.match_buffer(s, (16, 32), "bfloat16", offset_factor=1, strides=[lds, 1])
-    D = T.match_buffer(d, (1, 16, 16, 2), "bfloat16", offset_factor=1, strides=[ldd, 32, 2, 1])
-    with T.sblock("root"):
-        T.reads(S[0:16, 0:32])
-        T.writes(D[0:1, 0:16, 0:16, 0:2])
-        T.evaluate(
-            T.call_extern(
-                "void",
-                transpose.intrin_name(32),
-                T.address_of(D[0, 0, 0, 0]),
-                T.int64(64),
-                T.address_of(S[0, 0]),
-                lds * 2,
-            )
+    @T.prim_func(s_tir=True)
+    def desc(s: T.handle, d: T.handle) -> None:
+        S = T.match_buffer(s, (16, 32), src, offset_factor=1, strides=[T.int64(), 1])
+        D = T.match_buffer(
+            d, (1, 16, 16, 2), "bfloat16", offset_factor=1, strides=[T.int64(), 32, 2, 1]
         )
+        with T.sblock("root"):
+            T.reads(S[0:16, 0:32])
+            T.writes(D[0:1, 0:16, 0:16, 0:2])
+            for j, k in T.grid(16, 32):
+                with T.sblock("pack"):
+                    vj, vk = T.axis.remap("SS", [j, k])
+                    D[vj // 16, vk // 2, vj % 16, vk % 2] = (
+                        S[vj, vk] if src == "bfloat16" else T.Cast("bfloat16", S[vj, vk])
+                    )
+
+    @T.prim_func(s_tir=True)
+    def impl(s: T.handle, d: T.handle) -> None:
+        lds = T.int64()
+        ldd = T.int64()
+        S = T.match_buffer(s, (16, 32), src, offset_factor=1, strides=[lds, 1])
+        D = T.match_buffer(d, (1, 16, 16, 2), "bfloat16", offset_factor=1, strides=[ldd, 32, 2, 1])
+        with T.sblock("root"):
+            T.reads(S[0:16, 0:32])
+            T.writes(D[0:1, 0:16, 0:16, 0:2])
+            T.evaluate(
+                T.call_extern(
+                    "void",
+                    function,
+                    T.address_of(D[0, 0, 0, 0]),
+                    T.int64(64),
+                    T.address_of(S[0, 0]),
+                    lds * src_bytes,
+                )
+            )
+
+    return desc, impl
 
 
-def pack_pairs_t_intrin() -> tuple[str, str]:
-    """Register (once) the transposing weight-packing intrinsic; return it and its LLVM IR."""
-    if TensorIntrin.get(PACK_PAIRS_T_INTRIN, allow_missing=True) is None:
-        TensorIntrin.register(PACK_PAIRS_T_INTRIN, _pack_pairs_t_desc, _pack_pairs_t_impl)
-    return PACK_PAIRS_T_INTRIN, transpose.llvm_ir(32)
+def pack_pairs_t_intrin(src: str = "bfloat16") -> tuple[str, str]:
+    """Register (once) the transposing weight-packing intrinsic for a 16 x 32 ``src`` tile
+    (bf16, or fp32 rounded on the way); return its name and the LLVM IR to import."""
+    from_f32 = src == "float32"
+    name = PACK_PAIRS_T_INTRIN + ("_from_f32" if from_f32 else "")
+    function = transpose.function_name(32, from_f32, native=from_f32)
+    if TensorIntrin.get(name, allow_missing=True) is None:
+        TensorIntrin.register(name, *_pack_pairs_t(src, function))
+    return name, transpose.llvm_ir(32, to_bf16=from_f32, native=from_f32)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import tvm
 from tvm import s_tir, tirx
+from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.gpu.matmul import auto_inline_producers
 from tvm.s_tir.schedule import SBlockRV, ScheduleError
 from tvm.target import Target
@@ -27,7 +28,7 @@ from .bf16_common import (
 )
 from .bf16_conv import find_conv_gemm, has_gather
 from .common import CPURule, NotApplicable, inline_epilogue, use_parallel, vectorize_tile
-from .matmul_analysis import find_matmul_block, normalize
+from .matmul_analysis import find_matmul_block, iter_kinds, normalize
 
 
 class CPUMatmulBF16(CPURule):
@@ -110,9 +111,38 @@ def find_gemm(sch: s_tir.Schedule) -> SBlockRV | None:
     """Return the gemm block this rule schedules: that of a matmul or of a conv GEMM kernel.
 
     A conv GEMM's im2col gather stays a producer (:func:`.bf16_conv.find_conv_gemm`), to be
-    inlined into the copy of ``A`` by :func:`prepare`; other producers are inlined into the gemm.
+    inlined into the copy of ``A`` by :func:`prepare`, and so does the fp32 -> bf16 rounding of
+    a run-time weight (:mod:`tvmamp.relay_passes.weight_transpose`), to be inlined into the
+    packing of ``B``; other producers are inlined into the gemm.
     """
-    return find_conv_gemm(sch) if has_gather(sch) else find_matmul_block(sch)
+    if has_gather(sch):
+        return find_conv_gemm(sch)
+    return _gemm_of_rounded_weight(sch) or find_matmul_block(sch)
+
+
+def _gemm_of_rounded_weight(sch: s_tir.Schedule) -> SBlockRV | None:
+    """The gemm block of a kernel that rounds one of its fp32 operands to bf16 itself."""
+    blocks = sch.get_child_blocks(get_root_block(sch))
+    reductions = [b for b in blocks if _reduces(sch.get(b))]
+    if len(reductions) != 1:
+        return None
+    (main,) = reductions
+    producers = sch.get_producers(main)
+    casts = [p for p in producers if _rounds_to_bf16(sch.get(p))]
+    if len(casts) != 1 or len(producers) != 1:
+        return None
+    return main if iter_kinds(sch.get(main)) is not None else None
+
+
+def _rounds_to_bf16(block: s_tir.SBlock) -> bool:
+    """A spatial block writing bf16 from one fp32 read (``weight.astype("bfloat16")``)."""
+    spatial = all(iv.iter_type == tirx.IterVar.DataPar for iv in block.iter_vars)
+    reads = [str(r.source.dtype) for r in block.reads]
+    return spatial and reads == ["float32"] and str(block.writes[0].source.dtype) == "bfloat16"
+
+
+def _reduces(block: s_tir.SBlock) -> bool:
+    return any(iv.iter_type == tirx.IterVar.CommReduce for iv in block.iter_vars)
 
 
 @dataclass

@@ -7,7 +7,6 @@ from tvm import relax, s_tir, tirx
 
 from .bf16_common import (
     PACK_PAIRS,
-    PACK_PAIRS_LLVM_IR,
     PACK_PAIRS_T,
     PREPROC,
     PREPROC_ACTIVATION,
@@ -74,45 +73,43 @@ def tensorize_packs(mod: tvm.IRModule) -> tvm.IRModule:
     for gvar, func in mod.functions_items():
         if isinstance(func, tirx.PrimFunc):
             sch = s_tir.Schedule(func)
-            marked = [b for b in root_blocks(sch) if PACK_PAIRS in sch.get(b).annotations]
-            for block in marked:
-                _tensorize_pack(sch, block)
-            transposed = [b for b in root_blocks(sch) if PACK_PAIRS_T in sch.get(b).annotations]
-            for block in transposed:
-                _tensorize_pack_t(sch, block)
-            marked += transposed
+            marked = [
+                (b, mark)
+                for b in root_blocks(sch)
+                for mark in (PACK_PAIRS, PACK_PAIRS_T)
+                if mark in sch.get(b).annotations
+            ]
+            for block, mark in marked:
+                _tensorize_pack(sch, block, mark)
             if marked:
                 updates[gvar] = sch.mod["main"]
     return _with_functions(mod, updates)
 
 
-def _tensorize_pack(sch: s_tir.Schedule, block) -> None:
-    """Tensorize one marked packing block at its ``(32, 2)`` loops, else vectorise them."""
-    sch.unannotate(block, PACK_PAIRS)
+def _tensorize_pack(sch: s_tir.Schedule, block, mark: str) -> None:
+    """Tensorize one marked packing block at its two innermost loops, else vectorise them.
+
+    :data:`PACK_PAIRS` blocks have ``(32, 2)`` inner loops, :data:`PACK_PAIRS_T` blocks
+    ``(16, 32)``; each has a variant that reads a bf16 ``B`` and one that reads fp32 and rounds
+    (a run-time fp32 weight whose cast the GEMM kernel absorbed).
+    """
+    sch.unannotate(block, mark)
     loops = sch.get_loops(block)
-    try:
-        trial = sch.copy()  # a failed tensorize must leave no trace in ``sch``
-        trial.tensorize(trial.blockize(loops[-2]), pack_pairs_intrin())
-    except s_tir.schedule.ScheduleError:
+    make = pack_pairs_intrin if mark == PACK_PAIRS else pack_pairs_t_intrin
+    for src in ("bfloat16", "float32"):
+        intrin, llvm_ir = make(src)
+        try:
+            trial = sch.copy()  # a failed tensorize must leave no trace in ``sch``
+            trial.tensorize(trial.blockize(trial.get_loops(block)[-2]), intrin)
+        except s_tir.schedule.ScheduleError:
+            continue
+        sch.tensorize(sch.blockize(loops[-2]), intrin)
+        sch.annotate(loops[0], "pragma_import_llvm", llvm_ir)
+        return
+    if mark == PACK_PAIRS:
         sch.vectorize(sch.fuse(*loops[-2:]))
-        return
-    sch.tensorize(sch.blockize(loops[-2]), pack_pairs_intrin())
-    sch.annotate(loops[0], "pragma_import_llvm", PACK_PAIRS_LLVM_IR)
-
-
-def _tensorize_pack_t(sch: s_tir.Schedule, block) -> None:
-    """Tensorize one :data:`PACK_PAIRS_T` block at its ``(16, 32)`` loops, else vectorise."""
-    sch.unannotate(block, PACK_PAIRS_T)
-    loops = sch.get_loops(block)
-    intrin, llvm_ir = pack_pairs_t_intrin()
-    try:
-        trial = sch.copy()  # a failed tensorize must leave no trace in ``sch``
-        trial.tensorize(trial.blockize(loops[-2]), intrin)
-    except s_tir.schedule.ScheduleError:
+    else:
         sch.vectorize(loops[-1])
-        return
-    sch.tensorize(sch.blockize(loops[-2]), intrin)
-    sch.annotate(loops[0], "pragma_import_llvm", llvm_ir)
 
 
 def _promote_activation_marks(mod: tvm.IRModule) -> tvm.IRModule:

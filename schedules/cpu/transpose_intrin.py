@@ -24,6 +24,14 @@ def intrin_name(bits: int) -> str:
     return f"tvmamp_transpose_{SIDE}x{SIDE}_i{bits}"
 
 
+_CONCAT = "<32 x i32> <" + ", ".join(f"i32 {i}" for i in range(32)) + ">"
+
+
+def function_name(bits: int, to_bf16: bool = False, native: bool = False) -> str:
+    """The LLVM function of :func:`llvm_ir` with these arguments."""
+    return intrin_name(bits) + ("_from_f32" if to_bf16 else "") + ("_native" if native else "")
+
+
 def _masks(block: int) -> tuple[str, str]:
     """The shuffle masks of rows ``i`` and ``i + block`` of one block-swap stage."""
     low = [c if c & block == 0 else SIDE + c - block for c in range(SIDE)]
@@ -31,20 +39,30 @@ def _masks(block: int) -> tuple[str, str]:
     return tuple(", ".join(f"i32 {m}" for m in mask) for mask in (low, high))
 
 
-def llvm_ir(bits: int, to_bf16: bool = False) -> str:
+def llvm_ir(bits: int, to_bf16: bool = False, native: bool = False) -> str:
     """The LLVM IR of ``void f(ptr dst, i64 dst_row_bytes, ptr src, i64 src_row_bytes)``.
 
     ``to_bf16``: the source rows are fp32 and are rounded to bf16 (to nearest even, NaN kept
-    quiet, as TVM's own cast) before the 16-bit transpose.
+    quiet, as TVM's own cast) before the transpose: 16 floats a row for 16-bit elements, 32
+    (16 bf16 pairs) for 32-bit ones; ``native`` rounds with ``vcvtneps2bf16`` (avx512_bf16
+    targets only, see :func:`round_to_bf16`).
     """
     vec = f"<{SIDE} x i{bits}>"
-    name = intrin_name(bits) + ("_from_f32" if to_bf16 else "")
+    name = function_name(bits, to_bf16, native)
     lines = [f"define linkonce_odr void @{name}(ptr %d, i64 %ldd, ptr %s, i64 %lds) #0 {{"]
     for i in range(SIDE):
         lines.append(f"  %so{i} = mul i64 %lds, {i}")
         lines.append(f"  %sp{i} = getelementptr i8, ptr %s, i64 %so{i}")
-        if to_bf16:
-            lines += _round_to_bf16(i)
+        if to_bf16 and bits == 16:
+            lines += round_to_bf16(f"r0_{i}", f"%sp{i}", native)
+        elif to_bf16:  # 32 floats -> 16 pairs of bf16
+            lines += round_to_bf16(f"lo{i}", f"%sp{i}", native)
+            lines.append(f"  %sq{i} = getelementptr i8, ptr %sp{i}, i64 64")
+            lines += round_to_bf16(f"hi{i}", f"%sq{i}", native)
+            lines += [
+                f"  %w{i} = shufflevector <16 x i16> %lo{i}, <16 x i16> %hi{i}, {_CONCAT}",
+                f"  %r0_{i} = bitcast <32 x i16> %w{i} to {vec}",
+            ]
         else:
             lines.append(f"  %r0_{i} = load volatile {vec}, ptr %sp{i}, align 1")
     stage, block = 0, SIDE // 2
@@ -66,25 +84,34 @@ def llvm_ir(bits: int, to_bf16: bool = False) -> str:
     return "\n".join(lines)
 
 
-def _round_to_bf16(i: int) -> list[str]:
-    """Load fp32 row ``i`` and round it to bf16 bits ``%r0_{i}``: ``(x + 0x7fff + lsb) >> 16``.
+def round_to_bf16(name: str, ptr: str, native: bool = False) -> list[str]:
+    """LLVM IR: load 16 floats at ``ptr`` and round them to the bf16 bits ``%name``.
 
-    NaN becomes the quiet NaN of its sign (the rounding could carry it to infinity).
+    ``(x + 0x7fff + lsb) >> 16`` rounds to nearest even; NaN becomes the quiet NaN of its sign
+    (the rounding could carry it to infinity). ``native``: LLVM's ``fptrunc`` to ``bfloat``,
+    one ``vcvtneps2bf16`` on avx512_bf16 targets, for those only: the same rounding and NaN,
+    but subnormal inputs become zero (as in TVM's own casts on those targets).
     """
-    v32, v16 = f"<{SIDE} x i32>", f"<{SIDE} x i16>"
+    if native:
+        return [
+            f"  %{name}.x = load volatile <16 x float>, ptr {ptr}, align 1",
+            f"  %{name}.b = fptrunc <16 x float> %{name}.x to <16 x bfloat>",
+            f"  %{name} = bitcast <16 x bfloat> %{name}.b to <16 x i16>",
+        ]
+    v32, v16 = "<16 x i32>", "<16 x i16>"
     splat = lambda value: f"splat (i32 {value})"  # noqa: E731
     return [
-        f"  %x{i} = load volatile {v32}, ptr %sp{i}, align 1",
-        f"  %lsb{i} = lshr {v32} %x{i}, {splat(16)}",
-        f"  %one{i} = and {v32} %lsb{i}, {splat(1)}",
-        f"  %bias{i} = add {v32} %one{i}, {splat(0x7FFF)}",
-        f"  %sum{i} = add {v32} %x{i}, %bias{i}",
-        f"  %hi{i} = lshr {v32} %sum{i}, {splat(16)}",
-        f"  %abs{i} = and {v32} %x{i}, {splat(0x7FFFFFFF)}",
-        f"  %nan{i} = icmp ugt {v32} %abs{i}, {splat(0x7F800000)}",
-        f"  %quiet{i} = or {v32} %lsb{i}, {splat(0x40)}",
-        f"  %pick{i} = select <{SIDE} x i1> %nan{i}, {v32} %quiet{i}, {v32} %hi{i}",
-        f"  %r0_{i} = trunc {v32} %pick{i} to {v16}",
+        f"  %{name}.x = load volatile {v32}, ptr {ptr}, align 1",
+        f"  %{name}.lsb = lshr {v32} %{name}.x, {splat(16)}",
+        f"  %{name}.one = and {v32} %{name}.lsb, {splat(1)}",
+        f"  %{name}.bias = add {v32} %{name}.one, {splat(0x7FFF)}",
+        f"  %{name}.sum = add {v32} %{name}.x, %{name}.bias",
+        f"  %{name}.hi = lshr {v32} %{name}.sum, {splat(16)}",
+        f"  %{name}.abs = and {v32} %{name}.x, {splat(0x7FFFFFFF)}",
+        f"  %{name}.nan = icmp ugt {v32} %{name}.abs, {splat(0x7F800000)}",
+        f"  %{name}.quiet = or {v32} %{name}.lsb, {splat(0x40)}",
+        f"  %{name}.pick = select <16 x i1> %{name}.nan, {v32} %{name}.quiet, {v32} %{name}.hi",
+        f"  %{name} = trunc {v32} %{name}.pick to {v16}",
     ]
 
 
@@ -137,7 +164,7 @@ def transpose_intrin(src: str, dst: str) -> tuple[str, str] | None:
     to_bf16 = (src, dst) == ("float32", "bfloat16")
     if bits not in BITS or (src != dst and not to_bf16):
         return None
-    function = intrin_name(bits) + ("_from_f32" if to_bf16 else "")
+    function = function_name(bits, to_bf16)
     name = f"{function}_{src}_{dst}"
     if TensorIntrin.get(name, allow_missing=True) is None:
         TensorIntrin.register(name, *_make(src, dst, function))

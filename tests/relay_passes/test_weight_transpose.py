@@ -34,18 +34,42 @@ def _linear(n: int, k: int, rows: int = 24, weight=None, dtype="bfloat16") -> tv
 
 
 def test_a_run_time_weight_is_read_in_place():
-    """IR before/after: the transpose is gone and one NT matmul reads the bf16 weight."""
+    """IR before/after: the cast and the transpose are gone; one NT matmul reads the fp32
+    weight (and rounds it to bf16 in a block of its own, which the GEMM's pack absorbs)."""
     after = FuseWeightTranspose()(_linear(64, 64))
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((24, 64), "bfloat16"))
     w = relax.Var("w", relax.TensorType((64, 64), "float32"))
     with bb.function("main", [x, w]):
         with bb.dataflow():
-            wl = bb.emit(relax.op.astype(w, "bfloat16"))
-            nt = bb.call_te(nt_matmul, x, wl, "float32", primfunc_name_hint="matmul")
+            nt = bb.call_te(nt_matmul, x, w, "float32", primfunc_name_hint="matmul")
             y = bb.emit_output(nt)
         bb.emit_func_output(y)
     tvm.ir.assert_structural_equal(after, bb.get())
+
+
+def _backward(n: int, k: int) -> tvm.IRModule:
+    """``dy @ astype(W)``: the input gradient of a Linear layer (``W[n, k]``, ``dy[.., n]``)."""
+    bb = relax.BlockBuilder()
+    dy = relax.Var("dy", relax.TensorType((24, n), "bfloat16"))
+    w = relax.Var("w", relax.TensorType((n, k), "float32"))
+    with bb.function("main", [dy, w]):
+        with bb.dataflow():
+            wl = bb.emit(relax.op.astype(w, "bfloat16"))
+            y = bb.emit_output(relax.op.matmul(dy, wl, out_dtype="float32"))
+        bb.emit_func_output(y)
+    return bb.get()
+
+
+def test_the_input_gradient_rounds_the_fp32_weight_in_its_pack(rng):
+    """``dy @ astype(W)``: no cast kernel; exact against numpy on the bf16-rounded weight."""
+    after = FuseWeightTranspose()(_backward(64, 96))
+    assert "R.astype" not in after.script() and "T_weight_cast" in after.script()
+    dy = rng.standard_normal((24, 64)).astype(ml_dtypes.bfloat16)
+    w = rng.standard_normal((64, 96)).astype("float32")
+    exe = tvmamp.build(_backward(64, 96), "O0", TARGET)
+    ref = dy.astype("float64") @ w.astype(ml_dtypes.bfloat16).astype("float64")
+    np.testing.assert_allclose(exe(dy, w), ref, rtol=1e-5, atol=1e-4 * 8)
 
 
 @pytest.mark.parametrize(
