@@ -1,10 +1,16 @@
-"""The im2col gather of a conv2d from NHWC rows, fused into its GEMM or as a kernel of its own."""
+"""Gathers of a conv2d's taps from NHWC rows: im2col (fused into a GEMM or a kernel of its own)
+and the window kernels (depthwise convs, pooling) that reduce the taps where they gather them."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 from tvm import relax, te, tirx
+from tvm.ir.expr import Constant
+
+from tvmamp.tensors import np_dtype
 
 # relax's OpPatternKind.kOpaque: FuseOps leaves the gather alone, so that it stays one
 # contiguous copy per (pixel, tap) instead of being inlined into (and recomputing) its producers.
@@ -17,6 +23,9 @@ IM2COL_ATTR = "tvmamp.im2col_channels"
 # Block annotation (the channel count) of the gather inside a conv GEMM kernel: the bf16 GEMM
 # rule inlines that block into the packing of the GEMM's left operand, not into the GEMM.
 GATHER_ATTR = "tvmamp.im2col_gather"
+# Block annotation of a window kernel's reduction (depthwise conv or pooling on rows):
+# tvmamp.schedules.cpu.grouped_conv schedules it, vectorised over the channels.
+WINDOW_ATTR = "tvmamp.rows_window"
 
 
 @dataclass(frozen=True)
@@ -34,18 +43,36 @@ class Geometry:
     pad: tuple[int, int, int, int]  # top, left, bottom, right
     out_h: int
     out_w: int
+    groups: int = 1
 
     @classmethod
     def of(cls, attrs, data_shape: tuple[int, ...], weight_shape: tuple[int, ...]) -> Geometry:
         """Read the ``attrs`` of a conv2d with NCHW ``data_shape`` and OIHW ``weight_shape``."""
-        n, c, h, w = data_shape
-        kh, kw = weight_shape[2:]
-        stride = tuple(int(s) for s in attrs.strides)
-        dilation = tuple(int(d) for d in attrs.dilation)
-        pad = tuple(int(p) for p in attrs.padding)
+        return cls.make(
+            data_shape,
+            weight_shape[2:],
+            attrs.strides,
+            attrs.dilation,
+            attrs.padding,
+            int(getattr(attrs, "groups", 1)),
+        )
+
+    @classmethod
+    def make(cls, data_shape, kernel, strides, dilation, padding, groups: int = 1) -> Geometry:
+        """The geometry of a window ``kernel`` (KH, KW) sliding over NCHW ``data_shape``."""
+        n, c, h, w = (int(d) for d in data_shape)
+        kh, kw = (int(k) for k in kernel)
+        stride = tuple(int(s) for s in strides)
+        dilation = tuple(int(d) for d in dilation)
+        pad = tuple(int(p) for p in padding)
         out_h = (h + pad[0] + pad[2] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
         out_w = (w + pad[1] + pad[3] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
-        return cls(n, c, h, w, kh, kw, stride, dilation, pad, out_h, out_w)
+        return cls(n, c, h, w, kh, kw, stride, dilation, pad, out_h, out_w, groups)
+
+    @property
+    def group_channels(self) -> int:
+        """Input channels of one group (``c`` for a dense conv)."""
+        return self.c // self.groups
 
     @property
     def pointwise(self) -> bool:
@@ -97,17 +124,146 @@ def _gemm(col: te.Tensor, weight: te.Tensor, out_dtype: str) -> te.Tensor:
 
 def _im2col(rows: te.Tensor, g: Geometry, attrs: dict | None = None) -> te.Tensor:
     """The gather itself, zero outside the input (the conv's padding)."""
+    shape = (g.n * g.out_h * g.out_w, g.kh * g.kw * g.c)
+    return te.compute(shape, lambda r, q: gather_tap(rows, g, r, q, 0), name="im2col", attrs=attrs)
+
+
+def gather_tap(rows: te.Tensor, g: Geometry, r, q, first_channel) -> tirx.PrimExpr:
+    """Column ``q = tap * channels + c`` of im2col row ``r``: the input channel
+    ``first_channel + c`` under tap ``tap`` of output pixel ``r``, zero in the padding;
+    ``channels`` is :attr:`Geometry.group_channels`."""
+    tap, ch = q // g.group_channels, q % g.group_channels
+    zero = tirx.const(0, rows.dtype)
+    return window_tap(rows, g, r, tap // g.kw, tap % g.kw, first_channel + ch, zero)
+
+
+def window_tap(rows: te.Tensor, g: Geometry, r, ky, kx, channel, outside) -> tirx.PrimExpr:
+    """``rows[pixel, channel]`` under tap ``(ky, kx)`` of output pixel ``r`` (in the dtype of
+    ``outside``), ``outside`` in the padding; the load is clamped to the input, so that it is
+    always in bounds."""
     pixels = g.out_h * g.out_w
+    b, pix = r // pixels, r % pixels
+    iy = pix // g.out_w * g.stride[0] + ky * g.dilation[0] - g.pad[0]
+    ix = pix % g.out_w * g.stride[1] + kx * g.dilation[1] - g.pad[1]
+    inside = tirx.all(iy >= 0, iy < g.h, ix >= 0, ix < g.w)
+    y = tirx.max(tirx.min(iy, g.h - 1), 0)
+    x = tirx.max(tirx.min(ix, g.w - 1), 0)
+    value = rows[(b * g.h + y) * g.w + x, channel]
+    dtype = str(outside.ty)
+    if str(rows.dtype) != dtype:
+        value = value.astype(dtype)
+    return tirx.if_then_else(inside, value, outside)
 
-    def gather(r, q):
-        b, pix = r // pixels, r % pixels
-        tap, ch = q // g.c, q % g.c
-        iy = pix // g.out_w * g.stride[0] + tap // g.kw * g.dilation[0] - g.pad[0]
-        ix = pix % g.out_w * g.stride[1] + tap % g.kw * g.dilation[1] - g.pad[1]
-        inside = tirx.all(iy >= 0, iy < g.h, ix >= 0, ix < g.w)
-        y = tirx.max(tirx.min(iy, g.h - 1), 0)
-        x = tirx.max(tirx.min(ix, g.w - 1), 0)
-        value = rows[(b * g.h + y) * g.w + x, ch]
-        return tirx.if_then_else(inside, value, tirx.const(0, rows.dtype))
 
-    return te.compute((g.n * pixels, g.kh * g.kw * g.c), gather, name="im2col", attrs=attrs)
+def emit_depthwise(
+    bb: relax.BlockBuilder, rows: relax.Expr, weight: relax.Expr, g: Geometry, out_dtype: str
+) -> relax.Var:
+    """Emit a depthwise conv (one channel per group) of ``rows[n*H*W, C]`` as a window kernel.
+
+    ``weight`` is ``[KH*KW, C]``: each tap's per-channel weights, a contiguous vector. The
+    result ``[n*OH*OW, C]`` is accumulated in ``out_dtype``.
+    """
+
+    def depthwise(x: te.Tensor, w: te.Tensor) -> te.Tensor:
+        ky, kx = te.reduce_axis((0, g.kh), name="ky"), te.reduce_axis((0, g.kw), name="kx")
+        zero = tirx.const(0, out_dtype)
+
+        def tap(r, c):
+            value = window_tap(x, g, r, ky, kx, c, zero)
+            return te.sum(value * w[ky * g.kw + kx, c].astype(out_dtype), axis=[ky, kx])
+
+        shape = (g.n * g.out_h * g.out_w, g.c)
+        return te.compute(shape, tap, name="depthwise", attrs={WINDOW_ATTR: g.c})
+
+    call = bb.call_te(
+        depthwise,
+        rows,
+        weight,
+        primfunc_name_hint="depthwise_rows",
+        primfunc_attrs={"op_pattern": GEMM_PATTERN},
+    )
+    return bb.emit(call)
+
+
+def emit_pool(
+    bb: relax.BlockBuilder, rows: relax.Expr, g: Geometry, kind: str, include_pad: bool = True
+) -> relax.Var:
+    """Emit a ``kind`` ("max" or "avg") pooling of ``rows[n*H*W, C]`` as a window kernel.
+
+    The taps are reduced in fp32 (TVM widens bf16 arithmetic anyway) and the result is cast
+    back to the rows' dtype. An average divides by the window's size, or with
+    ``include_pad=False`` by the number of its taps inside the input.
+    """
+    if kind not in ("max", "avg"):
+        raise ValueError(f"tvmamp.emit_pool: kind {kind!r} is not one of max, avg")
+
+    def pool(x: te.Tensor) -> te.Tensor:
+        ky, kx = te.reduce_axis((0, g.kh), name="ky"), te.reduce_axis((0, g.kw), name="kx")
+        outside = tirx.min_value("float32") if kind == "max" else tirx.const(0, "float32")
+        reduce = te.max if kind == "max" else te.sum
+
+        def tap(r, c):
+            return reduce(window_tap(x, g, r, ky, kx, c, outside), axis=[ky, kx])
+
+        shape = (g.n * g.out_h * g.out_w, g.c)
+        acc = te.compute(shape, tap, name="pool", attrs={WINDOW_ATTR: g.c})
+        if kind == "max":
+            return te.compute(shape, lambda r, c: acc[r, c].astype(x.dtype), name="pool_cast")
+        return te.compute(
+            shape,
+            lambda r, c: (acc[r, c] / _window_size(g, r, include_pad)).astype(x.dtype),
+            name="pool_average",
+        )
+
+    call = bb.call_te(
+        pool,
+        rows,
+        primfunc_name_hint=f"{kind}_pool_rows",
+        primfunc_attrs={"op_pattern": GEMM_PATTERN},
+    )
+    return bb.emit(call)
+
+
+def _window_size(g: Geometry, r, include_pad: bool) -> tirx.PrimExpr:
+    """The taps an average divides by: all of them, or those of output pixel ``r`` inside the
+    input (the padding excluded)."""
+    if include_pad:
+        return tirx.const(float(g.kh * g.kw), "float32")
+    pix = r % (g.out_h * g.out_w)
+    counts = []
+    for out, axis, size, kernel in ((pix // g.out_w, 0, g.h, g.kh), (pix % g.out_w, 1, g.w, g.kw)):
+        first = out * g.stride[axis] - g.pad[axis]
+        inside = [
+            tirx.all(first + k * g.dilation[axis] >= 0, first + k * g.dilation[axis] < size)
+            for k in range(kernel)
+        ]
+        counts.append(sum(tirx.Select(c, 1, 0) for c in inside))
+    return (counts[0] * counts[1]).astype("float32")
+
+
+# Weight and bias layouts are computed here when the operand is a constant: FoldConstant would
+# compile (with LLVM) one kernel for each such op, 195 of them for ShuffleNet's convs.
+
+
+def reshape(expr: relax.Expr, shape: tuple[int, ...]) -> relax.Expr:
+    """``relax.op.reshape(expr, shape)``, computed now when ``expr`` is a constant."""
+    return _now(expr, lambda a: a.reshape(shape), lambda: relax.op.reshape(expr, shape))
+
+
+def permute_dims(expr: relax.Expr, axes: tuple[int, ...]) -> relax.Expr:
+    """``relax.op.permute_dims(expr, axes)``, computed now when ``expr`` is a constant."""
+    return _now(expr, lambda a: a.transpose(axes), lambda: relax.op.permute_dims(expr, axes))
+
+
+def astype(expr: relax.Expr, dtype: str) -> relax.Expr:
+    """``relax.op.astype(expr, dtype)``, computed now when ``expr`` is a constant."""
+    cast = lambda a: a.astype(np_dtype(dtype))  # noqa: E731
+    return _now(expr, cast, lambda: relax.op.astype(expr, dtype))
+
+
+def _now(expr: relax.Expr, compute: Callable, op: Callable) -> relax.Expr:
+    """``compute`` on a constant's numpy value, as a constant; else the Relax ``op()``."""
+    if not isinstance(expr, Constant):
+        return op()
+    data = np.ascontiguousarray(compute(expr.value.numpy()))
+    return relax.const(data, str(data.dtype))

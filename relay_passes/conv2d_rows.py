@@ -1,12 +1,17 @@
-"""Elementwise ops, per-channel broadcasts and inference batch-norm rewritten on NHWC rows."""
+"""Ops rewritten on NHWC rows: elementwise ops, per-channel broadcasts, inference batch-norm,
+channel reshapes and transposes (a channel shuffle), channel concatenation and pooling."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import tvm
 from tvm import relax, tirx
+
+from .conv2d_im2col import Geometry, emit_pool, reshape
+from .grouped_conv_gemm import emit_channel_permute
 
 # Ops whose first argument is the only tensor and whose result has its shape.
 UNARY_OPS = tuple(
@@ -29,14 +34,22 @@ BINARY_OPS = tuple(
     for name in ("add", "subtract", "multiply", "divide", "maximum", "minimum")
 )
 _BATCH_NORM = tvm.ir.Op.get("relax.nn.batch_norm")
+_RESHAPE = tvm.ir.Op.get("relax.reshape")
+_PERMUTE = tvm.ir.Op.get("relax.permute_dims")
+_CONCAT = tvm.ir.Op.get("relax.concat")
+_MEAN = tvm.ir.Op.get("relax.mean")
+_POOLS = {tvm.ir.Op.get("relax.nn.max_pool2d"): "max", tvm.ir.Op.get("relax.nn.avg_pool2d"): "avg"}
 
 
 @dataclass(frozen=True)
 class Rows:
-    """An NCHW value ``[n, c, h, w]`` held as the rows ``var[n*h*w, c]`` (NHWC, flattened).
+    """An NCHW value ``[n, c, h, w]`` held as the rows ``var[n*h*w, ...]`` (NHWC, flattened).
 
-    ``extras`` holds the other fields of a batch-norm tuple (moving mean and variance), whose
-    first field is the rows.
+    ``var`` is ``[n*h*w, c]``, or ``[n*h*w, *dims]`` whose channel dims flatten (row-major) to
+    the ``c`` channels: a grouped conv's GEMM leaves ``[n*h*w, G, Fg]``. A value with several
+    channel axes, ``[n, *chan, h, w]`` (a channel shuffle's reshape), has ``chan`` set and
+    ``var`` is ``[n*h*w, *chan]``. ``extras`` holds the other fields of a batch-norm tuple
+    (moving mean and variance), whose first field is the rows.
     """
 
     var: relax.Expr
@@ -45,25 +58,43 @@ class Rows:
     w: int
     c: int
     extras: tuple = ()
+    chan: tuple = ()
+
+    @property
+    def pixels(self) -> int:
+        """The number of rows, ``n*h*w``."""
+        return self.n * self.h * self.w
+
+    @property
+    def channel_dims(self) -> tuple[int, ...]:
+        """The dims of ``var`` after the first (``(c,)`` for plain rows)."""
+        return tuple(int(d) for d in self.var.ty.shape.values[1:])
 
     def same_layout(self, other: Rows) -> bool:
         """Whether ``other`` holds a value of the same shape (and is not a tuple)."""
-        return (self.n, self.h, self.w, self.c, self.extras) == (
-            other.n,
-            other.h,
-            other.w,
-            other.c,
-            (),
-        )
+        mine = (self.n, self.h, self.w, self.c, self.chan, self.extras)
+        return mine == (other.n, other.h, other.w, other.c, other.chan, ())
 
     def with_var(self, var: relax.Expr, extras: tuple = ()) -> Rows:
         """The same shape held in ``var``."""
-        return Rows(var, self.n, self.h, self.w, self.c, extras)
+        return Rows(var, self.n, self.h, self.w, self.c, extras, self.chan)
+
+    def shaped(self, dims: tuple[int, ...]) -> relax.Expr:
+        """``var`` as ``[n*h*w, *dims]`` (a reshape, a view, unless it already is)."""
+        if self.channel_dims == tuple(dims):
+            return self.var
+        return relax.op.reshape(self.var, (self.pixels, *dims))
+
+    def flat(self, bb: relax.BlockBuilder) -> relax.Expr:
+        """``var`` as ``[n*h*w, c]``, emitted once where a reshape is needed."""
+        shaped = self.shaped((self.c,))
+        return shaped if shaped is self.var else bb.emit(shaped)
 
     def to_nchw(self, bb: relax.BlockBuilder, var: relax.Var | None = None) -> relax.Var:
         """Emit the NCHW value (a tuple for a batch-norm result), bound to ``var`` if given."""
-        nhwc = bb.emit(relax.op.reshape(self.var, (self.n, self.h, self.w, self.c)))
-        value = relax.op.permute_dims(nhwc, (0, 3, 1, 2))
+        chan = self.chan or (self.c,)
+        nhwc = bb.emit(relax.op.reshape(self.var, (self.n, self.h, self.w, *chan)))
+        value = relax.op.permute_dims(nhwc, (0, *range(3, 3 + len(chan)), 1, 2))
         if self.extras:
             value = relax.Tuple([bb.emit(value), *self.extras])
         if var is None:
@@ -98,15 +129,42 @@ def rows_call(
         return None
     if value.op in BINARY_OPS and len(value.args) == 2:
         return _binary(bb, value, held, visit)
+    if value.op == _CONCAT:
+        return _concat(bb, value, held)
     first = held(value.args[0]) if value.args else None
     if first is None or first.extras:
         return None
     if value.op in UNARY_OPS:
         rest = [visit(arg) for arg in value.args[1:]]
         return first.with_var(bb.emit(relax.Call(value.op, [first.var, *rest], value.attrs)))
+    if value.op == _RESHAPE:
+        return _reshape(bb, value, first)
+    if value.op == _PERMUTE:
+        return _permute(bb, value, first)
+    if first.chan:
+        return None
     if value.op == _BATCH_NORM:
         return _batch_norm(bb, value, first, visit)
+    if value.op in _POOLS:
+        return _pool(bb, value, first)
     return None
+
+
+def rows_reduction(bb: relax.BlockBuilder, value: relax.Expr, rows: dict) -> relax.Expr | None:
+    """``value`` computed from rows when it is a mean over the pixels of rows (a global
+    average pool), as ``[n, c]`` (keepdims: ``[n, c, 1, 1]``); else ``None``."""
+    if not isinstance(value, relax.Call) or value.op != _MEAN:
+        return None
+    data = value.args[0]
+    source = rows.get(data) if isinstance(data, relax.DataflowVar) else None
+    axes = [int(a) % 4 for a in value.attrs.axis] if value.attrs.axis is not None else None
+    if source is None or source.extras or source.chan or sorted(axes or []) != [2, 3]:
+        return None
+    pixels = bb.emit(relax.op.reshape(source.var, (source.n, source.h * source.w, source.c)))
+    mean = relax.op.mean(pixels, axis=[1])
+    if bool(value.attrs.keepdims):
+        return relax.op.reshape(bb.emit(mean), (source.n, source.c, 1, 1))
+    return mean
 
 
 def _binary(bb, call: relax.Call, held: Callable, visit: Callable) -> Rows | None:
@@ -115,30 +173,40 @@ def _binary(bb, call: relax.Call, held: Callable, visit: Callable) -> Rows | Non
     if lhs is not None and rhs is not None:
         if lhs.extras or not lhs.same_layout(rhs):
             return None
-        return lhs.with_var(bb.emit(relax.Call(call.op, [lhs.var, rhs.var], call.attrs)))
+        # The result takes the shape with more channel dims (a GEMM's [P, G, Fg]), so that the
+        # op stays in that GEMM's epilogue and the other side is reshaped (a view).
+        model = max(lhs, rhs, key=lambda r: len(r.channel_dims))
+        args = [side.shaped(model.channel_dims) for side in (lhs, rhs)]
+        return model.with_var(bb.emit(relax.Call(call.op, args, call.attrs)))
     side, other = (lhs, call.args[1]) if lhs is not None else (rhs, call.args[0])
-    if side is None or side.extras:
+    if side is None or side.extras or side.chan:
         return None
-    vector = per_channel(visit(other), side.c)
+    vector = per_channel(visit(other), side.c, side.channel_dims)
     if vector is None:
         return None
     args = [side.var, vector] if lhs is not None else [vector, side.var]
     return side.with_var(bb.emit(relax.Call(call.op, args, call.attrs)))
 
 
-def per_channel(expr: relax.Expr, channels: int) -> relax.Expr | None:
-    """``expr`` reshaped to broadcast over rows ``[*, channels]``, if it broadcasts per channel.
+def per_channel(
+    expr: relax.Expr, channels: int, dims: tuple[int, ...] | None = None
+) -> relax.Expr | None:
+    """``expr`` reshaped to broadcast over rows ``[*, *dims]``, if it broadcasts per channel.
 
     Shapes that right-align with ``[n, c, h, w]`` as ``[1, c or 1, 1, 1]`` qualify; the result
-    has shape ``[c]`` or ``[1]`` (a scalar stays a scalar). Anything else returns ``None``.
+    has shape ``dims`` (``(channels,)`` by default) or ``[1]`` (a scalar stays a scalar).
+    Anything else returns ``None``.
     """
     shape = expr.ty.shape if isinstance(expr.ty, relax.TensorType) else None
     if shape is None or len(shape) > 4 or not all(isinstance(s, tirx.IntImm) for s in shape):
         return None
-    dims = [1] * (4 - len(shape)) + [int(s) for s in shape]
-    if dims[0] != 1 or dims[2:] != [1, 1] or dims[1] not in (1, channels):
+    dims_in = [1] * (4 - len(shape)) + [int(s) for s in shape]
+    if dims_in[0] != 1 or dims_in[2:] != [1, 1] or dims_in[1] not in (1, channels):
         return None
-    return expr if not shape else relax.op.reshape(expr, (dims[1],))
+    if not shape:
+        return expr
+    target = tuple(dims) if dims is not None and dims_in[1] == channels else (dims_in[1],)
+    return reshape(expr, target)
 
 
 def _batch_norm(bb, call: relax.Call, data: Rows, visit: Callable) -> Rows | None:
@@ -159,5 +227,74 @@ def _batch_norm(bb, call: relax.Call, data: Rows, visit: Callable) -> Rows | Non
     scale = bb.emit(relax.op.multiply(scale, gamma) if bool(attrs.scale) else scale)
     shift = relax.op.negative(relax.op.multiply(mean, scale))
     shift = bb.emit(relax.op.add(shift, beta) if bool(attrs.center) else shift)
+    dims = data.channel_dims
+    if dims != (data.c,):  # the per-channel vectors as the rows' channel dims
+        scale, shift = (bb.emit(relax.op.reshape(v, dims)) for v in (scale, shift))
     out = bb.emit(relax.op.add(bb.emit(relax.op.multiply(data.var, scale)), shift))
     return data.with_var(out, extras=(mean, var))
+
+
+def _reshape(bb, call: relax.Call, data: Rows) -> Rows | None:
+    """A reshape of the channel axes only: ``[n, *chan, h, w]`` to ``[n, *chan2, h, w]``."""
+    shape = call.ty.shape.values if isinstance(call.ty, relax.TensorType) else None
+    if shape is None or not all(isinstance(d, tirx.IntImm) for d in shape) or len(shape) < 4:
+        return None
+    dims = [int(d) for d in shape]
+    if (dims[0], *dims[-2:]) != (data.n, data.h, data.w) or math.prod(dims[1:-2]) != data.c:
+        return None
+    chan = tuple(dims[1:-2])
+    if len(chan) == 1:
+        return Rows(data.var, data.n, data.h, data.w, data.c)
+    shaped = data.shaped(chan)
+    var = shaped if shaped is data.var else bb.emit(shaped)
+    return Rows(var, data.n, data.h, data.w, data.c, chan=chan)
+
+
+def _permute(bb, call: relax.Call, data: Rows) -> Rows | None:
+    """A transpose of the channel axes (``n`` first and ``h, w`` last stay where they are)."""
+    if not data.chan or call.attrs.axes is None:
+        return None
+    axes = [int(a) for a in call.attrs.axes]
+    inner = axes[1:-2]
+    if (
+        axes[0] != 0
+        or axes[-2:] != [len(axes) - 2, len(axes) - 1]
+        or sorted(inner) != list(range(1, len(axes) - 2))
+    ):
+        return None
+    perm = [a - 1 for a in inner]
+    moved = emit_channel_permute(bb, data.var, perm)
+    chan = tuple(data.chan[a] for a in perm)
+    return Rows(moved, data.n, data.h, data.w, data.c, chan=chan)
+
+
+def _concat(bb, call: relax.Call, held: Callable) -> Rows | None:
+    """A concatenation of rows along the channel axis, as a concatenation of their columns."""
+    fields = call.args[0].fields if isinstance(call.args[0], relax.Tuple) else None
+    if fields is None or call.attrs.axis is None or int(call.attrs.axis) % 4 != 1:
+        return None
+    parts = [held(f) for f in fields]
+    if any(r is None or r.extras or r.chan for r in parts):
+        return None
+    if len({(r.n, r.h, r.w) for r in parts}) != 1:
+        return None
+    columns = bb.emit(relax.op.concat([r.flat(bb) for r in parts], axis=1))
+    first = parts[0]
+    return Rows(columns, first.n, first.h, first.w, sum(r.c for r in parts))
+
+
+def _pool(bb, call: relax.Call, data: Rows) -> Rows | None:
+    """Max or average pooling of NCHW rows, as a window kernel on the rows."""
+    attrs = call.attrs
+    if (attrs.layout, attrs.out_layout) != ("NCHW", "NCHW") or bool(attrs.ceil_mode):
+        return None
+    g = Geometry.make(
+        (data.n, data.c, data.h, data.w),
+        attrs.pool_size,
+        attrs.strides,
+        attrs.dilation,
+        attrs.padding,
+    )
+    include_pad = bool(getattr(attrs, "count_include_pad", True))
+    pooled = emit_pool(bb, data.flat(bb), g, _POOLS[call.op], include_pad)
+    return Rows(pooled, g.n, g.out_h, g.out_w, g.c)

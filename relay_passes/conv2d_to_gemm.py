@@ -1,4 +1,4 @@
-"""Rewrite bf16 NCHW conv2d into im2col + matmul on NHWC rows, so that GEMM kernels run convs.
+"""Rewrite bf16 NCHW conv2d onto NHWC rows, so that GEMM and window kernels run convs.
 
 The CPU bf16 kernels (``vdpbf16ps`` and AMX, :mod:`tvmamp.schedules.cpu.bf16_matmul`) are GEMM
 kernels. A convolution ``O[n, f, y, x] = sum W[f, c, ky, kx] * D[n, c, y*s + ky*d, x*s + kx*d]``
@@ -10,31 +10,52 @@ gather and the GEMM are one kernel: the GEMM rule inlines the gather into its pa
 so the im2col matrix is written once, in the layout the GEMM kernel reads (convs with few
 channels keep a gather kernel of their own, see ``gather_channels``).
 
+Grouped convs with wide groups are one batched GEMM over the groups
+(:mod:`.grouped_conv_gemm`), whose ``[n*OH*OW, G, Fg]`` result is rows too; depthwise convs on
+rows are window kernels that reduce each pixel's taps vectorised over the channels
+(:func:`.conv2d_im2col.emit_depthwise`).
+
 The GEMM result ``[n*OH*OW, F]`` is those rows for the next layer, so it stays in that layout:
 the elementwise ops that follow (casts, per-channel bias, inference batch-norm, activations,
-residual adds of two such values) are rewritten on the rows, where ``FuseOps`` fuses them into
-the GEMM's epilogue, and a following conv gathers straight from them. A value goes back to
-NCHW (reshape + transpose) only where something else uses it, so the program's NCHW semantics
-are unchanged. Inputs are transposed to rows once, before their first conv.
+residual adds of two such values), pooling, channel concatenation and the channel shuffle's
+reshape and transpose are rewritten on the rows (:mod:`.conv2d_rows`), where ``FuseOps`` fuses
+the elementwise ones into the GEMM's epilogue, and a following conv gathers straight from them.
+A global average pool reads the rows as they are. A value goes back to NCHW (reshape +
+transpose) only where something else uses it, so the program's NCHW semantics are unchanged.
+Inputs are transposed to rows once, before their first conv.
 """
 
 from __future__ import annotations
 
 import tvm
 from tvm import relax
+from tvm.ir.expr import Constant
 from tvm.relax import PyExprMutator
 
 from tvmamp.tensors import static_shape
 
-from .conv2d_im2col import Geometry, emit_conv_gemm, emit_im2col
-from .conv2d_rows import Rows, rows_call
+from .conv2d_im2col import (
+    Geometry,
+    astype,
+    emit_conv_gemm,
+    emit_depthwise,
+    emit_im2col,
+    permute_dims,
+    reshape,
+)
+from .conv2d_rows import Rows, rows_call, rows_reduction
+from .grouped_conv_gemm import emit_grouped_gemm, grouped_weight
 
 _CONV = tvm.ir.Op.get("relax.nn.conv2d")
 
 
 @tvm.transform.module_pass(opt_level=0, name="tvmamp.Conv2dToGemm")
 class Conv2dToGemm:
-    """Rewrite every static-shape NCHW/OIHW ``groups=1`` conv2d whose inputs are ``dtype``.
+    """Rewrite every static-shape NCHW/OIHW conv2d whose inputs are ``dtype`` onto NHWC rows.
+
+    Dense convs become im2col + GEMM; grouped convs whose groups have at least
+    ``min_group_channels`` input and output channels become one batched GEMM over the groups
+    (:func:`.grouped_conv_gemm.emit_grouped_gemm`).
 
     Parameters
     ----------
@@ -53,38 +74,62 @@ class Conv2dToGemm:
         channels each, and the GEMM loses. Measured on Zen5, one thread, direct vs GEMM:
         C = 3 7x7 stride 2 (an RGB stem) 1.26x faster direct, C = 3 5x5 1.47x; but C = 3
         3x3 0.8x (0.6x at stride 2) and C = 8 7x7 stride 2 0.68x, which stay GEMMs.
+    min_group_channels : int
+        Grouped convs whose groups have fewer input or output channels than this (16) are
+        left to the direct conv: a group's GEMM pads its output channels to whole 16-lane
+        vectors and its reduction to pairs, so narrow groups waste most of each vector.
     """
 
-    def __init__(self, dtype: str = "bfloat16", gather_channels: int = 32, min_channels: int = 8):
-        for name, value in (("gather_channels", gather_channels), ("min_channels", min_channels)):
+    def __init__(
+        self,
+        dtype: str = "bfloat16",
+        gather_channels: int = 32,
+        min_channels: int = 8,
+        min_group_channels: int = 16,
+    ):
+        options = {
+            "gather_channels": gather_channels,
+            "min_channels": min_channels,
+            "min_group_channels": min_group_channels,
+        }
+        for name, value in options.items():
             if value < 1:
                 raise ValueError(f"tvmamp.Conv2dToGemm: {name}={value} is not a positive int")
         self.dtype = dtype
         self.gather_channels = gather_channels
         self.min_channels = min_channels
+        self.min_group_channels = min_group_channels
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         """Rewrite the conv2d calls of every Relax function of ``mod``."""
-        rewriter = _Rewriter(mod, self.dtype, self.gather_channels, self.min_channels)
+        mod = relax.transform.CanonicalizeBindings()(mod)  # e.g. ``(a, b)[0]`` -> ``a``
+        rewriter = _Rewriter(mod, self)
         for gvar, func in mod.functions_items():
             if isinstance(func, relax.Function):
+                func = relax.analysis.remove_all_unused(func)
                 rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
         return rewriter.builder_.get()
 
-
-def _rewritable(call: relax.Call, dtype: str, min_channels: int) -> bool:
-    """Return whether ``call`` is a conv2d this pass handles."""
-    attrs = call.attrs
-    layouts = (attrs.data_layout, attrs.kernel_layout, attrs.out_layout)
-    if layouts != ("NCHW", "OIHW", "NCHW") or int(attrs.groups) != 1:
-        return False
-    data, weight = call.args
-    dtypes = {str(data.ty.dtype), str(weight.ty.dtype)}
-    shapes = (static_shape(data.ty), static_shape(weight.ty))
-    if dtypes != {dtype} or None in shapes:
-        return False
-    _, c, kh, kw = shapes[1]
-    return c >= min_channels or kh * kw <= 9
+    def rewrites(self, call: relax.Call, on_rows: bool = False) -> bool:
+        """Return whether ``call`` (a conv2d) is one this pass rewrites; ``on_rows``: whether
+        its input is already rows (depthwise convs are rewritten only then: on NCHW input the
+        direct conv, vectorised over columns, beats transposing to rows and back)."""
+        attrs = call.attrs
+        layouts = (attrs.data_layout, attrs.kernel_layout, attrs.out_layout)
+        if layouts != ("NCHW", "OIHW", "NCHW"):
+            return False
+        data, weight = call.args
+        dtypes = {str(data.ty.dtype), str(weight.ty.dtype)}
+        shapes = (static_shape(data.ty), static_shape(weight.ty))
+        if dtypes != {self.dtype} or None in shapes:
+            return False
+        f, c, kh, kw = shapes[1]
+        groups = int(attrs.groups)
+        if groups > 1 and c == 1 and f == groups:  # depthwise, one output channel per group
+            return on_rows
+        if groups > 1:
+            return min(c, f // groups) >= self.min_group_channels
+        return c >= self.min_channels or kh * kw <= 9
 
 
 @relax.expr_functor.mutator
@@ -95,11 +140,9 @@ class _Rewriter(PyExprMutator):
     the variable itself is not emitted unless a use needs it (:meth:`_nchw`).
     """
 
-    def __init__(self, mod: tvm.IRModule, dtype: str, gather_channels: int, min_channels: int):
+    def __init__(self, mod: tvm.IRModule, options: Conv2dToGemm):
         super().__init__(mod)
-        self.dtype = dtype
-        self.gather_channels = gather_channels
-        self.min_channels = min_channels
+        self.options = options
         self.rows: dict[relax.Var, Rows] = {}
         self.nchw: dict[relax.Var, relax.Var] = {}
 
@@ -112,6 +155,10 @@ class _Rewriter(PyExprMutator):
             return
         if rows is not None:  # a dataflow output: its NCHW value, bound to the same variable
             rows.to_nchw(self.builder_, var)
+            return
+        reduced = rows_reduction(self.builder_, value, self.rows)
+        if reduced is not None:
+            self.builder_.emit_normalized(relax.VarBinding(var, self.builder_.normalize(reduced)))
             return
         if isinstance(value, relax.TupleGetItem) and value.index > 0:
             source = self.rows.get(value.tuple_value)
@@ -130,8 +177,9 @@ class _Rewriter(PyExprMutator):
     def _as_rows(self, value: relax.Expr) -> Rows | None:
         """Return ``value`` computed on rows, or ``None`` when it is not rewritten."""
         if isinstance(value, relax.Call) and value.op == _CONV:
-            rewritable = _rewritable(value, self.dtype, self.min_channels)
-            return self._conv(value) if rewritable else None
+            data = value.args[0]
+            on_rows = isinstance(data, relax.DataflowVar) and data in self.rows
+            return self._conv(value) if self.options.rewrites(value, on_rows) else None
         return rows_call(self.builder_, value, self.rows, self._visit_arg)
 
     def _visit_arg(self, arg: relax.Expr) -> relax.Expr:
@@ -140,26 +188,54 @@ class _Rewriter(PyExprMutator):
     def _conv(self, call: relax.Call) -> Rows:
         data, weight = call.args
         g = Geometry.of(call.attrs, static_shape(data.ty), static_shape(weight.ty))
-        bb = self.builder_
-        rows = self._input_rows(data, g)
-        fused = not g.pointwise and g.c % self.gather_channels == 0
-        col = rows if fused else emit_im2col(bb, rows, g)  # pointwise: the rows are col
         f = static_shape(weight.ty)[0]
-        hwio = relax.op.permute_dims(self.visit_expr(weight), (2, 3, 1, 0))
-        w2 = bb.emit(relax.op.reshape(hwio, (g.kh * g.kw * g.c, f)))
-        out_dtype = str(call.attrs.out_dtype) or self.dtype
-        if fused:
-            gemm = emit_conv_gemm(bb, rows, w2, g, out_dtype)
+        out_dtype = str(call.attrs.out_dtype) or self.options.dtype
+        weight = self.visit_expr(weight)
+        if g.groups == g.c == f:
+            out = self._depthwise(data, weight, g, out_dtype)
+        elif g.groups > 1:
+            out = self._grouped(data, weight, g, f, out_dtype)
         else:
-            gemm = bb.emit(relax.op.matmul(col, w2, out_dtype=out_dtype))
-        return Rows(gemm, g.n, g.out_h, g.out_w, f)
+            out = self._dense(data, weight, g, f, out_dtype)
+        return Rows(out, g.n, g.out_h, g.out_w, f)
 
-    def _input_rows(self, data: relax.Expr, g: Geometry) -> relax.Expr:
-        """``data`` as rows ``[n*H*W, C]``: as it is when tracked, else transposed once."""
+    def _depthwise(self, data, weight, g: Geometry, out_dtype: str) -> relax.Var:
+        """A window kernel on the rows; the weight as ``[KH*KW, C]`` in ``out_dtype``."""
+        taps = reshape(weight, (g.c, g.kh * g.kw))
+        wide = astype(permute_dims(taps, (1, 0)), out_dtype)
+        rows = self._input_rows(data, g, (g.c,))
+        return emit_depthwise(self.builder_, rows, self._leaf(wide), g, out_dtype)
+
+    def _grouped(self, data, weight, g: Geometry, f: int, out_dtype: str) -> relax.Var:
+        """A batched GEMM over the groups; a pointwise one reads the rows as ``[P, G, Cg]``."""
+        dims = (g.groups, g.group_channels) if g.pointwise else (g.c,)
+        rows = self._input_rows(data, g, dims)
+        matrices = self._leaf(grouped_weight(weight, g, f))
+        return emit_grouped_gemm(self.builder_, rows, matrices, g, out_dtype)
+
+    def _dense(self, data, weight, g: Geometry, f: int, out_dtype: str) -> relax.Var:
+        """im2col + GEMM, the gather fused into the GEMM for wide inputs."""
+        bb = self.builder_
+        rows = self._input_rows(data, g, (g.c,))
+        fused = not g.pointwise and g.c % self.options.gather_channels == 0
+        col = rows if fused else emit_im2col(bb, rows, g)  # pointwise: the rows are col
+        hwio = permute_dims(weight, (2, 3, 1, 0))
+        w2 = self._leaf(reshape(hwio, (g.kh * g.kw * g.c, f)))
+        if fused:
+            return emit_conv_gemm(bb, rows, w2, g, out_dtype)
+        return bb.emit(relax.op.matmul(col, w2, out_dtype=out_dtype))
+
+    def _leaf(self, expr: relax.Expr) -> relax.Expr:
+        """``expr`` as an argument: a constant as it is, anything else bound to a variable."""
+        return expr if isinstance(expr, Constant) else self.builder_.emit(expr)
+
+    def _input_rows(self, data: relax.Expr, g: Geometry, dims: tuple[int, ...]) -> relax.Expr:
+        """``data`` as rows ``[n*H*W, *dims]``: as it is when tracked, else transposed once."""
         if isinstance(data, relax.DataflowVar) and data in self.rows:
-            return self.rows[data].var
+            shaped = self.rows[data].shaped(dims)
+            return shaped if isinstance(shaped, relax.Var) else self.builder_.emit(shaped)
         nhwc = relax.op.permute_dims(self.visit_expr(data), (0, 2, 3, 1))
-        return self.builder_.emit(relax.op.reshape(nhwc, (g.n * g.h * g.w, g.c)))
+        return self.builder_.emit(relax.op.reshape(nhwc, (g.n * g.h * g.w, *dims)))
 
     def _nchw(self, var: relax.DataflowVar) -> relax.Var:
         if var not in self.nchw:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from tvm import s_tir, tirx
@@ -21,7 +22,17 @@ from .conv_common import (
     tile_pixels,
     vector_width,
 )
-from .grouped_conv import schedule_groups
+from .grouped_conv import (
+    find_permute,
+    find_window,
+    schedule_columns,
+    schedule_groups,
+    schedule_permute,
+    schedule_window,
+)
+
+# The kernels on NHWC rows of tvmamp.relay_passes.conv2d_to_gemm that this rule schedules.
+_ROWS_KERNELS = ((find_window, schedule_window), (find_permute, schedule_permute))
 
 
 class CPUConv2d(CPURule):
@@ -55,6 +66,12 @@ class CPUConv2d(CPURule):
     def apply(  # pylint: disable=missing-function-docstring
         self, func: tirx.PrimFunc, target: Target, _: bool
     ) -> s_tir.Schedule | None:
+        for find_rows, schedule_rows in _ROWS_KERNELS:
+            rows = self.schedule_block(
+                func, target, find_rows, functools.partial(schedule_rows, target=target)
+            )
+            if rows is not None:
+                return rows
         found = {}
 
         def find(sch):
@@ -70,6 +87,8 @@ class CPUConv2d(CPURule):
             plan = choose_plan(found["shape"], lanes, config.registers)
             if plan.mode == "groups":
                 schedule_groups(sch, conv, found["shape"], plan, target)
+            elif plan.mode == "columns":
+                schedule_columns(sch, conv, plan, target)
             else:
                 _schedule_filters(sch, conv, plan, target)
 

@@ -8,10 +8,12 @@ with ``G`` groups of ``Fg`` output and ``Cg`` input channels (``G == 1``: a dens
   broadcast (:mod:`.conv`); good when ``Fg`` fills vectors;
 * ``groups``: a vector runs over ``tile_g`` groups, all ``Fg`` channels of each unrolled, on
   data laid out with the groups innermost (:mod:`.grouped_conv`); good for depthwise convs and
-  groups narrower than a vector.
+  groups narrower than a vector;
+* ``columns``: a vector runs over output columns of one channel plane, read from a padded copy
+  of that plane (:mod:`.grouped_conv`); depthwise convs with unit column stride and wide rows.
 
-:func:`choose_plan` scores both with one model of the inner loop (FMAs and loads per
-reduction step) and returns the better.
+:func:`choose_plan` takes ``columns`` where it applies, else scores the other two with one model
+of the inner loop (FMAs and loads per reduction step) and returns the better.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.gpu.matmul import get_reduction_blocks
 from tvm.s_tir.schedule import LoopRV, SBlockRV
+from tvm.sym import detect_linear_equation
 from tvm.sym.analyzer import Analyzer
 from tvm.target import Target
 
@@ -32,7 +35,8 @@ from .common import inline_epilogue, schedule_injective, use_parallel, vector_la
 
 @dataclass(frozen=True)
 class ConvShape:
-    """Extents of a matched conv block: output ``[n, f, oh, ow]``, ``groups``, ``fg``, ``cg``."""
+    """Extents of a matched conv block: output ``[n, f, oh, ow]``, ``groups``, ``fg``, ``cg``,
+    and ``stride_x``, the input columns between output columns (0 when unknown)."""
 
     f: int
     oh: int
@@ -40,6 +44,7 @@ class ConvShape:
     groups: int
     fg: int
     cg: int
+    stride_x: int = 0
 
 
 @dataclass(frozen=True)
@@ -86,7 +91,16 @@ def match_conv2d(block: s_tir.SBlock) -> ConvShape | None:
     expected = tirx.floordiv(f, fg) * cg + c
     if not analyzer.can_prove_equal(data.region[1].min, expected):
         return None
-    return ConvShape(extents[1], extents[2], extents[3], groups, fg, cg)
+    stride_x = _coefficient(data.region[3].min, x)
+    return ConvShape(extents[1], extents[2], extents[3], groups, fg, cg, stride_x)
+
+
+def _coefficient(index: tirx.PrimExpr, var: tirx.Var) -> int:
+    """The constant factor of ``var`` in the linear ``index`` (0 when it is not one)."""
+    coefficients = detect_linear_equation(index, [var])
+    if len(coefficients) != 2 or not isinstance(coefficients[0], tirx.IntImm):
+        return 0
+    return int(coefficients[0].value)
 
 
 def find_conv(sch: s_tir.Schedule) -> tuple[SBlockRV, ConvShape] | None:
@@ -128,6 +142,9 @@ def choose_plan(shape: ConvShape, lanes: int, registers: int) -> TilePlan:
     group). Ties go to
     the larger tile.
     """
+    columns = _columns_plan(shape, lanes, registers)
+    if columns is not None:
+        return columns
     best = None
     options = []
     for tile in _divisors(shape.fg, 3 * lanes):
@@ -149,6 +166,28 @@ def choose_plan(shape: ConvShape, lanes: int, registers: int) -> TilePlan:
                 if best is None or key > best[0]:
                     best = (key, plan)
     return best[1]
+
+
+def _columns_plan(shape: ConvShape, lanes: int, registers: int) -> TilePlan | None:
+    """A ``columns`` tiling for a depthwise conv with unit column stride and rows of whole
+    vectors of at least 8 columns: ``tile_v`` columns per vector, ``tile_x`` vectors per row,
+    ``tile_y`` rows. None for other convs.
+
+    Measured on Zen5 (one thread, depthwise 3x3 over 144 x 56 x 56): 91 us vectorised over the
+    columns of a padded plane (8-wide vectors, 2 rows x 7 vectors), 162 us over 16 channels
+    (the ``groups`` tiling, whose input copy transposes NCHW to channels-innermost).
+    """
+    width = vector_width(shape.ow, lanes)
+    if (shape.cg, shape.fg, shape.stride_x) != (1, 1, 1) or width < _MIN_COLUMN_LANES:
+        return None
+    budget = registers * 2 // 3  # accumulators; the rest hold the tap's loads and weight
+    vectors = max(_divisors(shape.ow // width, budget))
+    tile_y = max(_divisors(shape.oh, max(1, budget // vectors)))
+    return TilePlan("columns", width, tile_y, vectors, 1.0)
+
+
+# Fewest columns in a vector of the ``columns`` tiling (narrower rows vectorise the channels).
+_MIN_COLUMN_LANES = 8
 
 
 def stage_data(sch: s_tir.Schedule, conv: SBlockRV, dtype: str, always: bool) -> SBlockRV | None:

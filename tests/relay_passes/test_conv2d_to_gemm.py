@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import ml_dtypes
+import numpy as np
 import pytest
 import tvm
 from tvm import relax
+from tvm.ir.expr import Constant
 from tvm.script import ir as I
 from tvm.script import relax as R
 
 from tvmamp.relay_passes.conv2d_im2col import Geometry, emit_conv_gemm, emit_im2col
 from tvmamp.relay_passes.conv2d_to_gemm import Conv2dToGemm
+from tvmamp.relay_passes.grouped_conv_gemm import emit_grouped_gemm, grouped_weight
 
 BF16 = "bfloat16"
 
@@ -104,7 +108,7 @@ class BatchNormThenPool:
             bn = R.nn.batch_norm(y, gamma, beta, mean, var, axis=1, epsilon=1e-3, training=False)
             z = bn[0]
             m = bn[1]
-            p = R.nn.max_pool2d(z, pool_size=[2, 2], strides=[2, 2])
+            p = R.nn.softmax(z, axis=1)
             q = R.add(z, z)
             R.output(p, q, m)
         return (p, q, m)
@@ -129,7 +133,7 @@ def _expected_batch_norm() -> tvm.IRModule:
             z = bb.emit(relax.op.add(bb.emit(relax.op.multiply(y, scale)), shift))
             m = bb.emit_output(mean)
             nchw = _to_nchw(bb, z, 1, 4, 4, 3)
-            p = bb.emit_output(relax.op.nn.max_pool2d(nchw, pool_size=[2, 2], strides=[2, 2]))
+            p = bb.emit_output(relax.op.nn.softmax(nchw, axis=1))
             q = _to_nchw(bb, bb.emit(relax.op.add(z, z)), 1, 4, 4, 3, output=True)
             outs = [p, q, m]
         bb.emit_func_output(relax.Tuple(outs))
@@ -152,8 +156,8 @@ class Grouped:
         return z
 
 
-def test_grouped_and_nhwc_convs_are_left_alone():
-    tvm.ir.assert_structural_equal(_rewrite(Grouped), Grouped)
+def test_narrow_grouped_and_nhwc_convs_are_left_alone():
+    tvm.ir.assert_structural_equal(_rewrite(Grouped), Grouped)  # 2 channels per group
     nhwc = relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "OHWI"]})(Grouped)
     tvm.ir.assert_structural_equal(_rewrite(nhwc), nhwc)
 
@@ -220,3 +224,159 @@ def test_large_kernels_on_few_channels_stay_direct_convs():
 def test_min_channels_must_be_positive():
     with pytest.raises(ValueError, match="min_channels=0 is not a positive int"):
         Conv2dToGemm(BF16, min_channels=0)
+
+
+@I.ir_module
+class GroupedPointwise:
+    @R.function
+    def main(
+        x: R.Tensor((1, 48, 5, 3), BF16),
+        w: R.Tensor((96, 16, 1, 1), BF16),
+        b: R.Tensor((1, 96, 1, 1), BF16),
+    ):
+        with R.dataflow():
+            y = R.nn.conv2d(x, w, groups=3, out_dtype="float32")
+            z = R.astype(y, BF16)
+            z = R.add(z, b)
+            R.output(z)
+        return z
+
+
+def _expected_grouped_pointwise() -> tvm.IRModule:
+    """A batched GEMM over the 3 groups reading the rows as ``[15, 3, 16]``; the result and
+    its epilogue stay ``[15, 3, 32]``, the bias broadcast as ``[3, 32]``."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 48, 5, 3), BF16))
+    w = relax.Var("w", relax.TensorType((96, 16, 1, 1), BF16))
+    b = relax.Var("b", relax.TensorType((1, 96, 1, 1), BF16))
+    attrs = _Attrs(pad=0)
+    attrs.groups = 3
+    g = Geometry.of(attrs, [1, 48, 5, 3], [96, 16, 1, 1])
+    with bb.function("main", [x, w, b]):
+        with bb.dataflow():
+            nhwc = relax.op.permute_dims(x, (0, 2, 3, 1))
+            rows = bb.emit(relax.op.reshape(nhwc, (15, 3, 16)))
+            matrices = bb.emit(grouped_weight(w, g, 96))
+            y = emit_grouped_gemm(bb, rows, matrices, g, "float32")
+            z = bb.emit(relax.op.astype(y, BF16))
+            z = bb.emit(relax.op.add(z, relax.op.reshape(b, (3, 32))))
+            out = _to_nchw(bb, z, 1, 5, 3, 96, output=True)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_grouped_pointwise_conv_is_a_batched_gemm_on_rows():
+    tvm.ir.assert_structural_equal(_rewrite(GroupedPointwise), _expected_grouped_pointwise())
+
+
+@I.ir_module
+class ShuffleUnit:
+    """ShuffleNet's grouped 1x1, channel shuffle and depthwise 3x3, then a grouped 3x3."""
+
+    @R.function
+    def main(
+        x: R.Tensor((1, 48, 6, 5), BF16),
+        w1: R.Tensor((48, 16, 1, 1), BF16),
+        w2: R.Tensor((48, 1, 3, 3), BF16),
+        w3: R.Tensor((48, 16, 3, 3), BF16),
+    ):
+        with R.dataflow():
+            y = R.nn.conv2d(x, w1, groups=3, out_dtype="float32")
+            y = R.astype(R.nn.relu(y), BF16)
+            y = R.reshape(y, R.shape([1, 3, 16, 6, 5]))
+            y = R.permute_dims(y, axes=[0, 2, 1, 3, 4])
+            y = R.reshape(y, R.shape([1, 48, 6, 5]))
+            y = R.nn.conv2d(y, w2, strides=2, padding=1, groups=48, out_dtype="float32")
+            y = R.nn.conv2d(R.astype(y, BF16), w3, padding=1, groups=3, out_dtype="float32")
+            R.output(y)
+        return y
+
+
+def _kernel_names(mod: tvm.IRModule) -> list[str]:
+    return sorted(gv.name_hint for gv in mod.get_global_vars() if gv.name_hint != "main")
+
+
+def _transposes(mod: tvm.IRModule) -> int:
+    """The ``permute_dims`` calls of ``main``: layout changes between NCHW and rows."""
+    found = []
+    op = tvm.ir.Op.get("relax.permute_dims")
+    relax.analysis.post_order_visit(
+        mod["main"], lambda e: found.append(e) if isinstance(e, relax.Call) and e.op == op else None
+    )
+    return len(found)
+
+
+def test_channel_shuffle_and_depthwise_conv_stay_on_rows():
+    out = _rewrite(ShuffleUnit)
+    names = _kernel_names(out)
+    assert names == [
+        "channel_permute",
+        "depthwise_rows",
+        "grouped_conv_gemm",
+        "grouped_conv_gemm1",
+    ], names
+    assert _transposes(out) == 2 + 3  # the input and the output; three weight layouts
+
+
+@I.ir_module
+class PoolsConcatMean:
+    @R.function
+    def main(x: R.Tensor((1, 8, 9, 7), BF16), w: R.Tensor((16, 8, 3, 3), BF16)):
+        with R.dataflow():
+            y = R.nn.conv2d(x, w, padding=1, out_dtype="float32")
+            y = R.astype(y, BF16)
+            p = R.nn.max_pool2d(y, pool_size=[3, 3], strides=[2, 2], padding=[1, 1, 1, 1])
+            q = R.nn.avg_pool2d(y, pool_size=[3, 3], strides=[2, 2], padding=[1, 1, 1, 1])
+            z = R.nn.relu(R.concat((p, q), axis=1))
+            m = R.mean(z, axis=[2, 3])
+            R.output(m)
+        return m
+
+
+def test_pools_concat_and_global_mean_stay_on_rows():
+    out = _rewrite(PoolsConcatMean)
+    assert _kernel_names(out) == ["avg_pool_rows", "im2col", "max_pool_rows"]
+    assert _transposes(out) == 2  # the input and the weight: the mean reads the rows
+
+
+def test_pools_of_nchw_values_and_channel_multipliers_are_left_alone():
+    @I.ir_module
+    class NchwPool:
+        @R.function
+        def main(x: R.Tensor((1, 8, 9, 7), BF16), w: R.Tensor((16, 1, 3, 3), BF16)):
+            with R.dataflow():
+                p = R.nn.max_pool2d(x, pool_size=[2, 2], strides=[2, 2])
+                y = R.nn.conv2d(p, w, padding=1, groups=8, out_dtype="float32")  # 2 per group
+                R.output(y)
+            return y
+
+    tvm.ir.assert_structural_equal(_rewrite(NchwPool), NchwPool)
+
+
+def test_min_group_channels_must_be_positive():
+    with pytest.raises(ValueError, match="min_group_channels=0 is not a positive int"):
+        Conv2dToGemm(BF16, min_group_channels=0)
+
+
+def test_constant_weights_are_laid_out_at_rewrite_time():
+    """A constant weight's GEMM layout is computed by the pass (no op left for FoldConstant,
+    which would compile a kernel for each)."""
+    w = np.random.default_rng(3).standard_normal((96, 16, 1, 1)).astype(ml_dtypes.bfloat16)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 48, 5, 3), BF16))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            conv = relax.op.nn.conv2d(x, relax.const(w), groups=3, out_dtype="float32")
+            out = bb.emit_output(conv)
+        bb.emit_func_output(out)
+    rewritten = _rewrite(bb.get())
+    calls = []
+    relax.analysis.post_order_visit(
+        rewritten["main"], lambda e: calls.append(e) if isinstance(e, relax.Call) else None
+    )
+    (gemm,) = [c for c in calls if c.op == tvm.ir.Op.get("relax.call_tir")]
+    matrices = gemm.args[1].fields[1].value.numpy()
+    expected = w.reshape(3, 32, 16).transpose(0, 2, 1)  # [G, Cg, Fg]
+    np.testing.assert_array_equal(matrices.astype("float32"), expected.astype("float32"))
+    layouts = [c for c in calls if c.op.name in ("relax.reshape", "relax.permute_dims")]
+    assert all(not isinstance(c.args[0], Constant) for c in layouts), layouts

@@ -1,4 +1,8 @@
-"""Grouped and depthwise conv2d on CPU: scheduled (never naive loops) and numerically right."""
+"""Grouped and depthwise conv2d on CPU: scheduled (never naive loops) and numerically right.
+
+In bf16 on avx512_bf16 hosts, wide groups become batched GEMMs and depthwise convs window
+kernels on NHWC rows (``tvmamp.relay_passes.conv2d_to_gemm``); narrow groups stay direct convs.
+"""
 
 from __future__ import annotations
 
@@ -13,9 +17,12 @@ from tvm import relax, s_tir, tirx
 
 import tvmamp
 from tvmamp.pipeline import run_front_phases
+from tvmamp.relay_passes.conv2d_im2col import WINDOW_ATTR
+from tvmamp.relay_passes.grouped_conv_gemm import PERMUTE_ATTR
 from tvmamp.schedules.cpu import CPUConv2d
 from tvmamp.schedules.cpu.conv_common import ConvShape, choose_plan, find_conv
 from tvmamp.targets.cpu_features import cpu_level_features, host_cpu_features
+from tvmamp.targets.llvm import _host_flags
 
 KINDS = ("x86-64-v3", "skylake-avx512", "znver4", "sapphirerapids")
 LEVEL = {"float32": "O0", "bfloat16": "O2", "float16": "O2"}
@@ -28,6 +35,11 @@ CASES = {
     "depthwise_stride2": ((2, 24, 13, 12), 24, 3, 2, 1, 1, 24),
     "depthwise_x2_dilated": ((1, 20, 11, 11), 40, 3, 1, 2, 2, 20),
     "narrow_groups": ((1, 64, 8, 8), 64, 3, 1, 1, 1, 32),  # ResNeXt-like, Fg 2
+    # bf16: batched GEMMs over the groups and window kernels, on NHWC rows
+    "groups3_wide_stride2": ((1, 51, 13, 11), 57, 3, 2, 1, 1, 3),  # Cg 17, Fg 19
+    "groups3_1x1_wide": ((2, 48, 7, 9), 48, 1, 1, 0, 1, 3),  # Cg 16, Fg 16, batch 2
+    "depthwise_5x5_dilated": ((1, 20, 11, 11), 20, 5, 1, 4, 2, 20),
+    "depthwise_columns": ((1, 24, 10, 16), 24, 3, 1, 1, 1, 24),  # rows of 16: vectorised
 }
 
 
@@ -145,6 +157,10 @@ def test_rule_schedules_every_group_count(name):
     ("shape", "mode", "width"),
     [
         (ConvShape(144, 56, 56, groups=144, fg=1, cg=1), "groups", 16),  # depthwise
+        (ConvShape(144, 28, 28, 144, fg=1, cg=1, stride_x=2), "groups", 16),  # strided
+        (ConvShape(144, 56, 56, 144, fg=1, cg=1, stride_x=1), "columns", 8),  # 7 x 8 columns
+        (ConvShape(32, 112, 112, 32, fg=1, cg=1, stride_x=1), "columns", 16),
+        (ConvShape(384, 14, 14, 384, fg=1, cg=1, stride_x=1), "groups", 16),  # narrow rows
         (ConvShape(64, 56, 56, groups=32, fg=2, cg=1), "groups", 16),  # multiplier 2
         (ConvShape(256, 27, 27, groups=2, fg=128, cg=48), "filters", 32),  # AlexNet
         (ConvShape(120, 14, 14, groups=3, fg=40, cg=160), "filters", 40),  # ShuffleNet
@@ -185,3 +201,105 @@ def test_forced_cpu_kinds(rng, kind, dtype):
     assert re.search(rf"vfmadd\w+ps\s+%{register}", asm), f"no {register} FMA for -mcpu={kind}"
     if dtype == "float16":
         assert "vcvtph2ps" in asm  # fp16 widened with F16C, once, outside the FMA loop
+
+
+class _Unit(torch.nn.Module):
+    """A ShuffleNet v1 unit: grouped 1x1, channel shuffle, depthwise 3x3, grouped 1x1; a
+    residual add (stride 1) or a concat with the 3x3 average pool of the input (stride 2)."""
+
+    def __init__(self, cin: int, cout: int, stride: int, groups: int = 3):
+        super().__init__()
+        mid, self.stride, self.groups = cout // 2, stride, groups
+        branch = cout - cin if stride == 2 else cout
+        nn = torch.nn
+        self.reduce = nn.Sequential(
+            nn.Conv2d(cin, mid, 1, groups=groups, bias=False), nn.BatchNorm2d(mid), nn.ReLU()
+        )
+        self.dw = nn.Sequential(
+            nn.Conv2d(mid, mid, 3, stride, 1, groups=mid, bias=False), nn.BatchNorm2d(mid)
+        )
+        self.expand = nn.Sequential(
+            nn.Conv2d(mid, branch, 1, groups=groups, bias=False), nn.BatchNorm2d(branch)
+        )
+
+    def forward(self, x):
+        y = self.reduce(x)
+        n, c, h, w = y.shape
+        y = y.view(n, self.groups, c // self.groups, h, w).transpose(1, 2).reshape(n, c, h, w)
+        y = self.expand(self.dw(y))
+        if self.stride == 2:
+            return torch.relu(torch.cat([torch.nn.functional.avg_pool2d(x, 3, 2, 1), y], 1))
+        return torch.relu(x + y)
+
+
+def _shuffle_net() -> torch.nn.Module:
+    """Stem conv + max pool, a stride-2 and a stride-1 unit, global average pool; seeded, with
+    batch-norm statistics that are not the identity."""
+    torch.manual_seed(0)
+    nn = torch.nn
+    stem = nn.Sequential(nn.Conv2d(3, 48, 3, 2, 1), nn.ReLU(), nn.MaxPool2d(3, 2, 1))
+    body = nn.Sequential(stem, _Unit(48, 96, 2), _Unit(96, 96, 1))
+    for module in body.modules():
+        if isinstance(module, nn.BatchNorm2d):
+            with torch.no_grad():
+                module.running_mean.uniform_(-0.2, 0.2)
+                module.running_var.uniform_(0.5, 2.0)
+                module.weight.uniform_(0.5, 1.5)
+    return body.eval()
+
+
+def _lowered_kernels(mod, params, target: str) -> tvm.IRModule:
+    converted = tvmamp.convert(mod, "O2", target, "bfloat16", params=params)
+    return run_front_phases(converted)
+
+
+def test_shufflenet_units_on_rows_match_torch(rng):
+    if "avx512_bf16" not in _host_flags():
+        pytest.skip("the host CPU lacks avx512_bf16 (the rows rewrite is bf16 on it only)")
+    model = _shuffle_net()
+    x = rng.standard_normal((1, 3, 61, 53)).astype("float32")  # odd sizes: 31x27 -> 16x14
+    mod, params = tvmamp.from_torch(model, (torch.from_numpy(x),))
+    target = "llvm -num-cores=2"
+    names = [gv.name_hint for gv in _lowered_kernels(mod, params, target).get_global_vars()]
+    for kernel in ("grouped_conv_gemm", "depthwise_rows", "channel_permute", "_pool_rows"):
+        assert any(kernel in name for name in names), (kernel, names)
+    # Rows from the stem on: one transpose in (the stem's input), one out (the result).
+    assert sum("transpose" in name for name in names) == 2, names
+    exe = tvmamp.build(mod, "O2", target, "bfloat16", params=params)
+    out = np.asarray(exe(x), "float64")
+    with torch.no_grad():
+        ref = model(torch.from_numpy(x)).numpy().astype("float64")
+    assert np.linalg.norm(out - ref) / np.linalg.norm(ref) <= 2e-2
+
+
+def test_grouped_gemms_build_for_amx():
+    """The batched GEMMs over groups take the AMX kernel where the target has AMX-BF16
+    (compiled only: the numerics above run on the host's kernel)."""
+    _, mod = conv_model(CASES["groups3_wide_stride2"])
+    exe = tvmamp.build(mod, "O2", "llvm -mcpu=sapphirerapids -num-cores=1", "bfloat16")
+    assert "tdpbf16ps" in exe.get_source("asm")
+
+
+@pytest.mark.parametrize("attr", [WINDOW_ATTR, PERMUTE_ATTR])
+def test_rows_kernels_are_vectorised_or_unrolled(attr):
+    """The depthwise/pool window kernels and the channel shuffle: CPUConv2d schedules them."""
+    model = _shuffle_net()
+    x = torch.zeros((1, 3, 61, 53))
+    mod, params = tvmamp.from_torch(model, (x,))
+    target = "llvm -mcpu=znver4 -num-cores=2"
+    lowered = _lowered_kernels(mod, params, target)
+    tvm_target = tvmamp.convert(mod, "O0", target).target
+    funcs = [
+        func
+        for _, func in lowered.functions_items()
+        if isinstance(func, tirx.PrimFunc) and attr in func.script()
+    ]
+    assert funcs, f"no kernel with a {attr} block"
+    for func in funcs:
+        sch = CPUConv2d().apply(func, tvm_target, False)
+        assert sch is not None, func.script()
+        script = sch.mod["main"].script()
+        if attr == WINDOW_ATTR:
+            assert re.search(r"in T\.vectorized\(", script) and 'scope="local"' in script
+        else:
+            assert re.search(r"in T\.unroll\(", script)
