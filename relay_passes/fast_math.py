@@ -151,19 +151,48 @@ class _Rewriter(relax.PyExprMutator):
 # ``power(x, n)`` with these constant exponents becomes ``n - 1`` multiplies: TVM lowers power
 # to a scalar ``powf`` call per element (GPT-2's tanh GELU, ``x ** 3``: 8.6 ns per element).
 SMALL_POWERS = (2, 3, 4)
+# Quarter powers ``x ** (k / 4)`` up to this magnitude become multiplies of ``x``, ``sqrt(x)`` and
+# ``sqrt(sqrt(x))`` (a reciprocal for negative ones): AlexNet's local response normalisation
+# divides by ``(k + a * mean(x^2)) ** 0.75``, 3% of the memory peak with ``powf``.
+MAX_QUARTER_POWER = 4.0
 
 
 def _small_power(call: relax.Call) -> relax.Expr:
-    """``x * x [* x ...]`` for ``power(x, n)`` with a scalar constant ``n`` in SMALL_POWERS."""
+    """Multiplies for ``power(x, n)`` with a scalar constant ``n``: ``n`` in SMALL_POWERS, or a
+    quarter power (``0.75``, ``-0.5``, ``1.25``) built from square roots (each correctly rounded,
+    the result within a few ulp of ``powf``; NaN for a negative ``x``, as ``powf``)."""
     base, exponent = call.args
     if not isinstance(exponent, tvm.ir.expr.Constant) or exponent.value.numpy().size != 1:
         return call
     value = float(exponent.value.numpy().reshape(()))
-    if value not in SMALL_POWERS or _dtype(exponent) != _dtype(base):
+    if _dtype(exponent) != _dtype(base):
         return call
-    out = base
-    for _ in range(int(value) - 1):
-        out = relax.op.multiply(out, base)
+    if value in SMALL_POWERS:
+        out = base
+        for _ in range(int(value) - 1):
+            out = relax.op.multiply(out, base)
+        return out
+    quarters = value * 4
+    if quarters != int(quarters) or value == 0 or abs(value) > MAX_QUARTER_POWER:
+        return call
+    return _quarter_power(base, int(quarters))
+
+
+def _quarter_power(base: relax.Expr, quarters: int) -> relax.Expr:
+    """``base ** (quarters / 4)`` as products of ``base``, ``sqrt(base)``, ``sqrt(sqrt(base))``."""
+    whole, rest = divmod(abs(quarters), 4)
+    factors = [base] * whole
+    if rest:
+        root = relax.op.sqrt(base)
+        if rest in (1, 3):
+            factors.append(relax.op.sqrt(root))
+        if rest in (2, 3):
+            factors.append(root)
+    out = factors[0]
+    for factor in factors[1:]:
+        out = relax.op.multiply(out, factor)
+    if quarters < 0:
+        out = relax.op.divide(relax.const(1.0, _dtype(base)), out)
     return out
 
 
@@ -175,8 +204,9 @@ def _dtype(expr: relax.Expr) -> str | None:
 @tvm.transform.module_pass(opt_level=0, name="tvmamp.FastMath")
 class FastMath:
     """Rewrite exp, erf, tanh, sigmoid, silu, gelu, gelu_tanh and softmax on ``dtypes`` to
-    fp32 kernels built on TVM's fast (polynomial, vectorisable) exp, erf and tanh, and
-    ``power(x, 2 | 3 | 4)`` to multiplies.
+    fp32 kernels built on TVM's fast (polynomial, vectorisable) exp, erf and tanh,
+    ``power(x, 2 | 3 | 4)`` to multiplies, and quarter powers (``x ** 0.75``) to square roots
+    and multiplies.
 
     Parameters
     ----------
