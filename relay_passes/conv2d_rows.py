@@ -10,6 +10,8 @@ from dataclasses import dataclass
 import tvm
 from tvm import relax, tirx
 
+from tvmamp.tensors import static_shape
+
 from .conv2d_im2col import Geometry, emit_pool, reshape
 from .grouped_conv_gemm import emit_channel_permute
 
@@ -283,18 +285,43 @@ def _concat(bb, call: relax.Call, held: Callable) -> Rows | None:
     return Rows(columns, first.n, first.h, first.w, sum(r.c for r in parts))
 
 
+def _ceil_padding(data: Rows, attrs, padding: list[int], out_hw) -> list[int]:
+    """``padding`` (top, left, bottom, right) with the bottom and right grown so that floor
+    mode gives ``out_hw``, the ceil-mode output size."""
+    grown = list(padding)
+    for axis, (size, out) in enumerate(zip((data.h, data.w), out_hw)):
+        span = (int(attrs.pool_size[axis]) - 1) * int(attrs.dilation[axis]) + 1
+        needed = (int(out) - 1) * int(attrs.strides[axis]) + span - size - padding[axis]
+        grown[axis + 2] = max(padding[axis + 2], needed)
+    return grown
+
+
 def _pool(bb, call: relax.Call, data: Rows) -> Rows | None:
-    """Max or average pooling of NCHW rows, as a window kernel on the rows."""
+    """Max or average pooling of NCHW rows, as a window kernel on the rows.
+
+    ``ceil_mode`` max pooling (SqueezeNet's) is floor-mode pooling with the bottom and right
+    padding grown to cover the last windows: their taps outside the input read the max's
+    identity, as ``ceil_mode`` does. An average with ``ceil_mode`` stays NCHW (its divisor
+    does not count those taps).
+    """
     attrs = call.attrs
-    if (attrs.layout, attrs.out_layout) != ("NCHW", "NCHW") or bool(attrs.ceil_mode):
+    if (attrs.layout, attrs.out_layout) != ("NCHW", "NCHW"):
         return None
+    padding = [int(p) for p in attrs.padding]
+    if bool(attrs.ceil_mode):
+        out = static_shape(call.ty)
+        if _POOLS[call.op] != "max" or out is None:
+            return None
+        padding = _ceil_padding(data, attrs, padding, out[2:])
     g = Geometry.make(
         (data.n, data.c, data.h, data.w),
         attrs.pool_size,
         attrs.strides,
         attrs.dilation,
-        attrs.padding,
+        padding,
     )
+    if bool(attrs.ceil_mode) and (g.out_h, g.out_w) != tuple(static_shape(call.ty)[2:]):
+        return None
     include_pad = bool(getattr(attrs, "count_include_pad", True))
     pooled = emit_pool(bb, data.flat(bb), g, _POOLS[call.op], include_pad)
     return Rows(pooled, g.n, g.out_h, g.out_w, g.c)

@@ -11,6 +11,7 @@ from tvm.ir.expr import Constant
 from tvm.script import ir as I
 from tvm.script import relax as R
 
+import tvmamp
 from tvmamp.relay_passes.conv2d_im2col import Geometry, emit_conv_gemm, emit_im2col
 from tvmamp.relay_passes.conv2d_to_gemm import Conv2dToGemm
 from tvmamp.relay_passes.grouped_conv_gemm import emit_grouped_gemm, grouped_weight
@@ -337,6 +338,40 @@ def test_pools_concat_and_global_mean_stay_on_rows():
     out = _rewrite(PoolsConcatMean)
     assert _kernel_names(out) == ["avg_pool_rows", "im2col", "max_pool_rows"]
     assert _transposes(out) == 2  # the input and the weight: the mean reads the rows
+
+
+@pytest.mark.parametrize("kind", ["max", "avg"])
+def test_a_ceil_mode_max_pool_stays_on_rows_and_matches_torch(kind):
+    """SqueezeNet's max pools have ``ceil_mode``: on rows, with the last windows padded by the
+    max's identity (9 x 7 -> 5 x 4 with 2 x 2 stride 2, where floor mode gives 4 x 3). An
+    average with ``ceil_mode`` stays NCHW."""
+    import torch
+
+    pool = R.nn.max_pool2d if kind == "max" else R.nn.avg_pool2d
+
+    @I.ir_module
+    class CeilPool:
+        @R.function
+        def main(x: R.Tensor((1, 8, 9, 7), BF16), w: R.Tensor((16, 8, 3, 3), BF16)):
+            with R.dataflow():
+                y = R.astype(R.nn.conv2d(x, w, padding=1, out_dtype="float32"), BF16)
+                p = pool(y, pool_size=[2, 2], strides=[2, 2], ceil_mode=True)
+                R.output(p)
+            return p
+
+    names = _kernel_names(_rewrite(CeilPool))
+    assert ("max_pool_rows" in names) == (kind == "max"), names
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((1, 8, 9, 7)).astype(ml_dtypes.bfloat16)
+    w = rng.standard_normal((16, 8, 3, 3)).astype(ml_dtypes.bfloat16)
+    out = np.asarray(tvmamp.build(CeilPool, "O0", "llvm -mcpu=znver4")(x, w), "float32")
+    conv = torch.nn.functional.conv2d(
+        torch.from_numpy(x.astype("float32")), torch.from_numpy(w.astype("float32")), padding=1
+    ).bfloat16()
+    fn = torch.nn.functional.max_pool2d if kind == "max" else torch.nn.functional.avg_pool2d
+    ref = fn(conv.float(), 2, 2, ceil_mode=True).numpy()
+    assert out.shape == ref.shape == (1, 16, 5, 4)
+    np.testing.assert_allclose(out, ref, rtol=1e-2, atol=1e-2 * np.abs(ref).max())
 
 
 def test_pools_of_nchw_values_and_channel_multipliers_are_left_alone():
