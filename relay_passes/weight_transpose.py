@@ -41,7 +41,8 @@ TILE_N, TILE_K = 32, 32
 
 @tvm.transform.module_pass(opt_level=0, name="tvmamp.FuseWeightTranspose")
 class FuseWeightTranspose:
-    """Rewrite ``matmul(x, permute_dims(w))`` on run-time bf16 weights into an NT matmul."""
+    """Rewrite bf16 matmuls on run-time weights (``x @ w.T``, ``x @ astype(W)``) into NT/NN
+    matmuls that read the weight, fp32 or bf16, in place (see the module docstring)."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         """Rewrite every Relax function of ``mod``; the unused transposes are removed."""
