@@ -374,6 +374,33 @@ def test_a_ceil_mode_max_pool_stays_on_rows_and_matches_torch(kind):
     np.testing.assert_allclose(out, ref, rtol=1e-2, atol=1e-2 * np.abs(ref).max())
 
 
+@pytest.mark.parametrize(("n", "c", "viewed"), [(1, 32, True), (1, 24, False), (2, 32, False)])
+def test_one_image_enters_the_rows_through_a_view_and_a_2d_transpose(n, c, viewed, rng):
+    """``[1, C, H, W]`` with C and H*W multiples of 16: rows = transpose of the free
+    ``[C, H*W]`` view (a register-tiled copy); other inputs keep the 4-D transpose. Both match
+    torch."""
+    import torch
+
+    @I.ir_module
+    class OneConv:
+        @R.function
+        def main(x: R.Tensor((n, c, 8, 8), BF16), w: R.Tensor((16, c, 3, 3), BF16)):
+            with R.dataflow():
+                y = R.nn.conv2d(x, w, padding=1, out_dtype="float32")
+                R.output(y)
+            return y
+
+    script = _rewrite(OneConv).script()
+    assert ("R.memory.view" in script) == viewed
+    x = rng.standard_normal((n, c, 8, 8)).astype(ml_dtypes.bfloat16)
+    w = rng.standard_normal((16, c, 3, 3)).astype(ml_dtypes.bfloat16)
+    out = np.asarray(tvmamp.build(OneConv, "O0", "llvm -mcpu=znver4")(x, w), "float64")
+    ref = torch.nn.functional.conv2d(
+        torch.from_numpy(x.astype("float64")), torch.from_numpy(w.astype("float64")), padding=1
+    ).numpy()
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-4 * np.abs(ref).max())
+
+
 def test_pools_of_nchw_values_and_channel_multipliers_are_left_alone():
     @I.ir_module
     class NchwPool:
