@@ -27,7 +27,14 @@ from .bf16_common import (
     reads_only_params,
 )
 from .bf16_conv import find_conv_gemm, has_gather
-from .common import CPURule, NotApplicable, inline_epilogue, use_parallel, vectorize_tile
+from .common import (
+    CPURule,
+    NotApplicable,
+    inline_epilogue,
+    is_reduction,
+    use_parallel,
+    vectorize_tile,
+)
 from .matmul_analysis import find_matmul_block, iter_kinds, normalize
 
 
@@ -123,7 +130,7 @@ def find_gemm(sch: s_tir.Schedule) -> SBlockRV | None:
 def _gemm_of_rounded_weight(sch: s_tir.Schedule) -> SBlockRV | None:
     """The gemm block of a kernel that rounds one of its fp32 operands to bf16 itself."""
     blocks = sch.get_child_blocks(get_root_block(sch))
-    reductions = [b for b in blocks if _reduces(sch.get(b))]
+    reductions = [b for b in blocks if is_reduction(sch.get(b))]
     if len(reductions) != 1:
         return None
     (main,) = reductions
@@ -139,10 +146,6 @@ def _rounds_to_bf16(block: s_tir.SBlock) -> bool:
     spatial = all(iv.iter_type == tirx.IterVar.DataPar for iv in block.iter_vars)
     reads = [str(r.source.dtype) for r in block.reads]
     return spatial and reads == ["float32"] and str(block.writes[0].source.dtype) == "bfloat16"
-
-
-def _reduces(block: s_tir.SBlock) -> bool:
-    return any(iv.iter_type == tirx.IterVar.CommReduce for iv in block.iter_vars)
 
 
 @dataclass

@@ -14,7 +14,14 @@ from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.target import Target
 from tvm.tirx.analysis import undefined_vars
 
-from .common import CPURule, largest_divisor, try_inline_all, use_parallel, vector_lanes
+from .common import (
+    CPURule,
+    is_reduction,
+    largest_divisor,
+    try_inline_all,
+    use_parallel,
+    vector_lanes,
+)
 
 
 class CPUColumnReduction(CPURule):
@@ -35,7 +42,7 @@ class CPUColumnReduction(CPURule):
 def _column_reduction(sch: s_tir.Schedule) -> s_tir.schedule.SBlockRV | None:
     """The single reduction block of ``sch`` after inlining its injective neighbours."""
     blocks = sch.get_child_blocks(get_root_block(sch))
-    reductions = [b for b in blocks if _is_reduction(sch.get(b))]
+    reductions = [b for b in blocks if is_reduction(sch.get(b))]
     if len(reductions) != 1:
         return None
     (main,) = reductions
@@ -52,10 +59,6 @@ def _column_reduction(sch: s_tir.Schedule) -> s_tir.schedule.SBlockRV | None:
     inner = undefined_vars(region[-1].min)
     # the innermost input index is exactly the innermost kept iterator: a column reduction
     return main if len(inner) == 1 and inner[0].same_as(spatial[-1]) else None
-
-
-def _is_reduction(block: s_tir.SBlock) -> bool:
-    return any(iv.iter_type == tirx.IterVar.CommReduce for iv in block.iter_vars)
 
 
 def _schedule(sch: s_tir.Schedule, target: Target) -> bool:

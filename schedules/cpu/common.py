@@ -142,6 +142,11 @@ def all_static(sch: s_tir.Schedule) -> bool:
     return True
 
 
+def is_reduction(block: s_tir.SBlock) -> bool:
+    """Return whether ``block`` has a reduction (``CommReduce``) iterator."""
+    return any(iv.iter_type == tirx.IterVar.CommReduce for iv in block.iter_vars)
+
+
 def largest_divisor(extent: int, limit: int) -> int:
     """Return the largest divisor of ``extent`` that is at most ``limit``."""
     for factor in range(min(extent, limit), 0, -1):

@@ -13,7 +13,7 @@ from tvm import DataType, s_tir, tirx
 from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.target import Target
 
-from .common import CPURule, static_extent, try_inline_all, vector_lanes
+from .common import CPURule, is_reduction, static_extent, try_inline_all, vector_lanes
 
 # Independent vector accumulators: enough to hide the latency of a vector add or min/max.
 ACCUMULATORS = 4
@@ -61,7 +61,7 @@ def _schedule(sch: s_tir.Schedule, target: Target) -> bool:
 def _full_reduction(sch: s_tir.Schedule) -> s_tir.schedule.SBlockRV | None:
     """The single reduction block, with no kept axis, once its producers are inlined."""
     blocks = sch.get_child_blocks(get_root_block(sch))
-    reductions = [b for b in blocks if _reduces(sch.get(b))]
+    reductions = [b for b in blocks if is_reduction(sch.get(b))]
     if len(reductions) != 1:
         return None
     (main,) = reductions
@@ -80,10 +80,6 @@ def _full_reduction(sch: s_tir.Schedule) -> s_tir.schedule.SBlockRV | None:
         if not sch.get_loops(consumer):
             sch.add_unit_loop(consumer)  # rfactor fails beside a block with no loop (TVM 0.27)
     return main if len(stmt.writes) == 1 else None
-
-
-def _reduces(block: s_tir.SBlock) -> bool:
-    return any(iv.iter_type == tirx.IterVar.CommReduce for iv in block.iter_vars)
 
 
 def _before(sch: s_tir.Schedule, block, main) -> bool:
