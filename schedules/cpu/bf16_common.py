@@ -138,41 +138,49 @@ PACK_PAIRS_F32_LLVM_IR = "\n".join(
 )
 
 
-def _pack_pairs_pair(src: str, function: str):
-    """The (description, implementation) of the pair-interleaving step reading ``src``."""
+def _pack_intrin(src: str, function: str, transposed: bool):
+    """The (description, implementation) of one packing step of ``B`` read as ``src``.
+
+    Not ``transposed``: two rows of 32 columns of ``B[K, J]`` (``S[2, 32]``) into two packed
+    rows of one 16-column panel pair; the helper's destination row stride is ``D``'s first
+    stride. ``transposed``: a ``B[J, K]`` tile ``S[16, 32]`` into the 16 pair rows of one
+    panel (a 64-byte row stride). An fp32 ``src`` is rounded to bf16 on the way.
+    """
     src_bytes = DataType(src).bits // 8
+    s_rows, d_shape = (16, (1, 16, 16, 2)) if transposed else (2, (2, 1, 16, 2))
+    j_extent, k_extent = (16, 32) if transposed else (32, 2)
 
     @T.prim_func(s_tir=True)
     def desc(s: T.handle, d: T.handle) -> None:
-        S = T.match_buffer(s, (2, 32), src, offset_factor=1, strides=[T.int64(), 1])
-        D = T.match_buffer(
-            d, (2, 1, 16, 2), "bfloat16", offset_factor=1, strides=[T.int64(), 32, 2, 1]
-        )
+        S = T.match_buffer(s, (s_rows, 32), src, offset_factor=1, strides=[T.int64(), 1])
+        D = T.match_buffer(d, d_shape, "bfloat16", offset_factor=1, strides=[T.int64(), 32, 2, 1])
         with T.sblock("root"):
-            T.reads(S[0:2, 0:32])
-            T.writes(D[0:2, 0:1, 0:16, 0:2])
-            for j, k in T.grid(32, 2):
+            T.reads(S[0:s_rows, 0:32])
+            T.writes(D[0 : d_shape[0], 0 : d_shape[1], 0:16, 0:2])
+            for j, k in T.grid(j_extent, k_extent):
                 with T.sblock("pack"):
                     vj, vk = T.axis.remap("SS", [j, k])
                     D[vj // 16, vk // 2, vj % 16, vk % 2] = (
-                        S[vk, vj] if src == "bfloat16" else T.Cast("bfloat16", S[vk, vj])
+                        T.Cast("bfloat16", S[vj, vk] if transposed else S[vk, vj])
+                        if src != "bfloat16"
+                        else (S[vj, vk] if transposed else S[vk, vj])
                     )
 
     @T.prim_func(s_tir=True)
     def impl(s: T.handle, d: T.handle) -> None:
         lds = T.int64()
         ldd = T.int64()
-        S = T.match_buffer(s, (2, 32), src, offset_factor=1, strides=[lds, 1])
-        D = T.match_buffer(d, (2, 1, 16, 2), "bfloat16", offset_factor=1, strides=[ldd, 32, 2, 1])
+        S = T.match_buffer(s, (s_rows, 32), src, offset_factor=1, strides=[lds, 1])
+        D = T.match_buffer(d, d_shape, "bfloat16", offset_factor=1, strides=[ldd, 32, 2, 1])
         with T.sblock("root"):
-            T.reads(S[0:2, 0:32])
-            T.writes(D[0:2, 0:1, 0:16, 0:2])
+            T.reads(S[0:s_rows, 0:32])
+            T.writes(D[0 : d_shape[0], 0 : d_shape[1], 0:16, 0:2])
             T.evaluate(
                 T.call_extern(
                     "void",
                     function,
                     T.address_of(D[0, 0, 0, 0]),
-                    ldd * 2,
+                    T.int64(64) if transposed else ldd * 2,
                     T.address_of(S[0, 0]),
                     lds * src_bytes,
                 )
@@ -188,56 +196,13 @@ def pack_pairs_intrin(src: str = "bfloat16") -> tuple[str, str]:
     name = PACK_PAIRS_INTRIN + ("_from_f32" if from_f32 else "")
     function = "tvmamp_pack_pairs_2x32" + ("_from_f32" if from_f32 else "")
     if TensorIntrin.get(name, allow_missing=True) is None:
-        TensorIntrin.register(name, *_pack_pairs_pair(src, function))
+        TensorIntrin.register(name, *_pack_intrin(src, function, transposed=False))
     return name, PACK_PAIRS_F32_LLVM_IR if from_f32 else PACK_PAIRS_LLVM_IR
 
 
 # A 16 x 32 tile of B[J, K] -> one 16-column panel of 16 pairs: a 16 x 16 transpose of the
 # 32-bit pairs in registers (:mod:`.transpose_intrin`, 32-bit elements).
 PACK_PAIRS_T_INTRIN = "tvmamp_x86_pack_pairs_t_16x32"
-
-
-def _pack_pairs_t(src: str, function: str):
-    """The (description, implementation) of the transposing pack of a 16 x 32 ``src`` tile."""
-    src_bytes = DataType(src).bits // 8
-
-    @T.prim_func(s_tir=True)
-    def desc(s: T.handle, d: T.handle) -> None:
-        S = T.match_buffer(s, (16, 32), src, offset_factor=1, strides=[T.int64(), 1])
-        D = T.match_buffer(
-            d, (1, 16, 16, 2), "bfloat16", offset_factor=1, strides=[T.int64(), 32, 2, 1]
-        )
-        with T.sblock("root"):
-            T.reads(S[0:16, 0:32])
-            T.writes(D[0:1, 0:16, 0:16, 0:2])
-            for j, k in T.grid(16, 32):
-                with T.sblock("pack"):
-                    vj, vk = T.axis.remap("SS", [j, k])
-                    D[vj // 16, vk // 2, vj % 16, vk % 2] = (
-                        S[vj, vk] if src == "bfloat16" else T.Cast("bfloat16", S[vj, vk])
-                    )
-
-    @T.prim_func(s_tir=True)
-    def impl(s: T.handle, d: T.handle) -> None:
-        lds = T.int64()
-        ldd = T.int64()
-        S = T.match_buffer(s, (16, 32), src, offset_factor=1, strides=[lds, 1])
-        D = T.match_buffer(d, (1, 16, 16, 2), "bfloat16", offset_factor=1, strides=[ldd, 32, 2, 1])
-        with T.sblock("root"):
-            T.reads(S[0:16, 0:32])
-            T.writes(D[0:1, 0:16, 0:16, 0:2])
-            T.evaluate(
-                T.call_extern(
-                    "void",
-                    function,
-                    T.address_of(D[0, 0, 0, 0]),
-                    T.int64(64),
-                    T.address_of(S[0, 0]),
-                    lds * src_bytes,
-                )
-            )
-
-    return desc, impl
 
 
 def pack_pairs_t_intrin(src: str = "bfloat16") -> tuple[str, str]:
@@ -247,5 +212,5 @@ def pack_pairs_t_intrin(src: str = "bfloat16") -> tuple[str, str]:
     name = PACK_PAIRS_T_INTRIN + ("_from_f32" if from_f32 else "")
     function = transpose.function_name(32, from_f32, native=from_f32)
     if TensorIntrin.get(name, allow_missing=True) is None:
-        TensorIntrin.register(name, *_pack_pairs_t(src, function))
+        TensorIntrin.register(name, *_pack_intrin(src, function, transposed=True))
     return name, transpose.llvm_ir(32, to_bf16=from_f32, native=from_f32)
