@@ -91,8 +91,8 @@ class Trainer:
         steps.add_grads()
         self.mod = steps.add_train_step(self.accumulate_steps)
         # The adjoint and the optimizer are private functions: inlined into train_step, their
-        # kernels fuse with the step's (the 1/scale unscale into the weight-gradient matmuls,
-        # the optimizer update with its where(all finite, new, old) selection).
+        # kernels fuse with the step's (the 1/scale unscale and, with plain SGD, the update
+        # itself into the weight-gradient matmuls).
         self.executable = compile_converted(Converted(_inline_private(self.mod), *_rest(converted)))
         self._init_state(values, steps.opt.state)
 
@@ -110,6 +110,7 @@ class Trainer:
         self.skipped_steps = 0
         self.found_inf = False
         self._data_types = [(v.name, v.ty) for v in self.model.inputs]
+        self._staged: dict[int, tuple] = {}
 
     def step(self, *data) -> float:
         """One compiled train step on inputs then targets: ``step(x, y)``; returns the loss."""
@@ -148,7 +149,23 @@ class Trainer:
             raise TypeError(
                 f"tvmamp.training: step takes {len(want)} arrays ({names}), got {len(data)}"
             )
-        return [_to_device(a, n, t, self.executable.device) for a, (n, t) in zip(data, want)]
+        arrays = [check_array(a, n, t, "tvmamp.training") for a, (n, t) in zip(data, want)]
+        return [self._stage(i, a) for i, a in enumerate(arrays)]
+
+    def _stage(self, index: int, array: np.ndarray):
+        """``array`` copied into the device buffer kept for input ``index`` since the last step.
+
+        A fresh buffer per step is a fresh mmap: one page fault per 4 KiB, measured at 0.25 ms
+        of a 5 ms SimpleNet step. The step reads its inputs and returns none of them, so the
+        buffer is free again when the call returns.
+        """
+        key = (array.shape, array.dtype)
+        kept = self._staged.get(index)
+        if kept is not None and kept[0] == key:
+            return kept[1].copyfrom(array)
+        buffer = tvm.runtime.tensor(array, self.executable.device)
+        self._staged[index] = (key, buffer)
+        return buffer
 
     @property
     def loss_scale(self) -> float:
@@ -209,7 +226,3 @@ def _check_accumulate(steps) -> int:
     if steps < 1:
         raise ValueError(f"tvmamp.training: accumulate_steps must be >= 1, got {steps}")
     return steps
-
-
-def _to_device(value, name, ty, device):
-    return tvm.runtime.tensor(check_array(value, name, ty, "tvmamp.training"), device)
