@@ -96,7 +96,7 @@ def test_show_prints_the_loss_scale_ops(fp16_trainer, capsys):
         "amp_inv_scale",  # 1 / scale
         "R.isfinite(",
         "amp_all_finite",
-        "R.where(amp_all_finite",  # the guarded update
+        "if amp_apply:",  # the step is kept only when every value is finite
         "amp_loss_scale_new",  # the loss-scale state update
         'dtype="float16"',  # the AMP pass ran on the backward graph
     ):
@@ -200,15 +200,49 @@ def test_too_large_a_scale_overflows_the_fp16_backward_until_the_scaler_backs_of
 def test_step_kernels_fuse_across_the_adjoint_and_the_optimizer():
     """The private adjoint and optimizer are inlined into train_step before compiling.
 
-    The 1/scale unscale runs in the weight-gradient matmuls' epilogue and each parameter's SGD
-    update is one kernel with its where(all finite, new, old) selection: three kernels per
-    parameter (unscale, update, select) were one each before.
+    With plain SGD the all-finite check reads the updated params, so each weight gradient has
+    one consumer: its matmul, the 1/scale unscale and the update are one kernel, and no
+    where(all finite, new, old) selection is left (a Relax If picks the tuples).
     """
     mod, params = models.simple_net(batch=BATCH, hidden=HIDDEN, layers=2)
     trainer = Trainer(mod, "mse", SGD(1e-3), level="O2", dtype="bfloat16", params=params)
     names = set(re.findall(r"@(\w+)", trainer.executable.vm_exec.as_text()))
     assert not {"loss_adjoint", "optimizer"} & names
-    assert any(re.fullmatch(r"fused_matmul\d*_multiply\d*_prepacked", n) for n in names), names
-    updates = [n for n in names if re.fullmatch(r"fused_multiply\d*_subtract\d*_where\d*", n)]
-    assert len(updates) == 2, names  # one per weight of the two layers
+    pattern = r"fused_matmul\d*_multiply\d*_multiply\d*_subtract\d*_prepacked"
+    assert any(re.fullmatch(pattern, n) for n in names), names
+    assert not [n for n in names if re.fullmatch(r"fused_multiply\d*_subtract\d*_where\d*", n)]
     assert "def loss_adjoint" in trainer.script()  # the module users read is unchanged
+
+
+@pytest.mark.parametrize("optimizer", [SGD(1e-2), SGD(1e-2, momentum=0.9), Adam(1e-2)], ids=str)
+def test_each_optimizer_skips_a_non_finite_step_and_takes_a_finite_one(optimizer):
+    """Plain SGD and Adam check the updated params, momentum SGD the grads: all skip alike."""
+    mod, params = models.simple_net(batch=BATCH, hidden=HIDDEN, layers=2, seed=2)
+    trainer = Trainer(mod, "mse", optimizer, "O2", "bfloat16", params=params)
+    (x,), (y,) = _data(np.random.default_rng(7))
+    for poison in (np.inf, np.nan):
+        bad = x.copy()
+        bad[1, 3] = poison
+        before = _snapshot(trainer)
+        trainer.step(bad, y)
+        assert trainer.found_inf and trainer.history[-1]["skipped"]
+        _assert_bitwise_equal(*before, trainer)
+    before = trainer.params
+    trainer.step(x, y)
+    assert not trainer.found_inf
+    assert all(not np.array_equal(before[n], v) for n, v in trainer.params.items())
+
+
+def test_sgd_skips_an_update_that_overflows_with_finite_grads():
+    """The check reads SGD's updated params: p - lr * g past FLT_MAX is a skipped step."""
+    mod, params = models.simple_net(batch=BATCH, hidden=HIDDEN, layers=2, seed=2)
+    trainer = Trainer(mod, "mse", SGD(1e38), "O0", params=params)
+    (x,), (y,) = _data(np.random.default_rng(8))
+    y = y * 100.0  # gradients of a few tens
+    grads = trainer.gradients(x, y)
+    assert all(np.isfinite(g).all() for g in grads.values())
+    assert max(np.abs(g).max() for g in grads.values()) > 4.0  # 1e38 * 4 > FLT_MAX
+    before = _snapshot(trainer)
+    trainer.step(x, y)
+    assert trainer.found_inf
+    _assert_bitwise_equal(*before, trainer)

