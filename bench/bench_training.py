@@ -5,7 +5,7 @@ the last batch, as Paddle's guide prints it) and the time per training step come
 the step times measured interleaved. torch fp32 and torch autocast (same weights and data) are
 a cross-check of the fp32 numbers.
 
-Run: TVM_NUM_THREADS=1 python bench/bench_training.py [--hidden 512] [--batch 128]
+Run: TVM_NUM_THREADS=1 python bench/bench_training.py [--hidden 512] [--batch 128] [--number 3]
 """
 
 from __future__ import annotations
@@ -103,6 +103,13 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument(
+        "--number",
+        type=int,
+        default=3,
+        help="steps per timing: each round times this many steps of one mode in a row "
+        "(1 = every step right after another mode's, its weights out of cache)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-torch", action="store_true")
     args = parser.parse_args()
@@ -121,7 +128,7 @@ def main() -> None:
     if not args.no_torch:
         for name, (loss, step) in _torch_rows(args, params, xs, ys).items():
             results[name], steps[name] = loss, step
-    medians = paired_medians(list(steps.values()), repeat=args.repeat)
+    medians = paired_medians(list(steps.values()), repeat=args.repeat, number=args.number)
     print(_table(results, dict(zip(steps, medians)), args))
 
 
