@@ -93,6 +93,64 @@ def emit_im2col(bb: relax.BlockBuilder, rows: relax.Expr, g: Geometry) -> relax.
     return bb.emit(call)
 
 
+def emit_run_im2col(bb: relax.BlockBuilder, rows: relax.Expr, g: Geometry) -> relax.Var:
+    """Emit ``col[n*OH*OW, ky*R + j]`` for a conv with dilation 1: each kernel row's taps
+    ``(kx, c)`` of one output pixel, a run of ``KW*C`` values contiguous in the zero-padded
+    NHWC input, copied whole (one vector copy per kernel row, where :func:`emit_im2col`
+    copies ``C`` values per tap: 3 for an RGB stem). ``R`` is :func:`run_length`, the run
+    rounded up to a pair (the bf16 GEMM's reduction unit); the extra value of each run is zero.
+    The weight matrix must have zero rows there (:func:`run_weight`).
+    """
+    run = run_length(g)
+    extra = 1 if run > g.kw * g.c else 0  # a last row, so that every run's pair is in bounds
+    nhwc = relax.op.reshape(rows, (g.n, g.h, g.w, g.c))
+    pads = [0, 0, g.pad[0], g.pad[2] + extra, g.pad[1], g.pad[3], 0, 0]
+    padded = bb.emit(relax.op.nn.pad(nhwc, pads))
+    hp, wp = g.h + g.pad[0] + g.pad[2] + extra, g.w + g.pad[1] + g.pad[3]
+    flat = bb.emit(relax.op.reshape(padded, (g.n * hp * wp * g.c,)))
+
+    def gather(x: te.Tensor) -> te.Tensor:
+        def value(r, ky, j):
+            pixels = g.out_h * g.out_w
+            b, pix = r // pixels, r % pixels
+            y, x0 = pix // g.out_w * g.stride[0] + ky, pix % g.out_w * g.stride[1]
+            load = x[((b * hp + y) * wp + x0) * g.c + j]
+            if run == g.kw * g.c:
+                return load
+            return tirx.Select(j < g.kw * g.c, load, tirx.const(0, x.dtype))
+
+        shape = (g.n * g.out_h * g.out_w, g.kh, run)
+        return te.compute(shape, value, name="im2col")
+
+    call = bb.call_te(
+        gather,
+        flat,
+        primfunc_name_hint="im2col_runs",
+        primfunc_attrs={"op_pattern": OPAQUE_PATTERN, IM2COL_ATTR: run},
+    )
+    col = bb.emit(call)
+    return bb.emit(relax.op.reshape(col, (g.n * g.out_h * g.out_w, g.kh * run)))
+
+
+def run_length(g: Geometry) -> int:
+    """The values :func:`emit_run_im2col` copies per kernel row: ``KW*C``, rounded up to even."""
+    return g.kw * g.c + (g.kw * g.c) % 2
+
+
+def run_weight(weight: relax.Expr, g: Geometry, f: int) -> relax.Expr:
+    """The OIHW ``weight`` as the ``[KH*R, F]`` matrix of :func:`emit_run_im2col`'s columns
+    (zero rows where a run was rounded up to a pair)."""
+    rows = reshape(permute_dims(weight, (2, 3, 1, 0)), (g.kh, g.kw * g.c, f))
+    extra = run_length(g) - g.kw * g.c
+    if extra:
+        rows = _now(
+            rows,
+            lambda a: np.pad(a, ((0, 0), (0, extra), (0, 0))),
+            lambda: relax.op.nn.pad(rows, [0, 0, 0, extra, 0, 0]),
+        )
+    return reshape(rows, (g.kh * run_length(g), f))
+
+
 def emit_conv_gemm(
     bb: relax.BlockBuilder, rows: relax.Expr, weight: relax.Expr, g: Geometry, out_dtype: str
 ) -> relax.Var:

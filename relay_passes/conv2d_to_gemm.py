@@ -40,13 +40,17 @@ from .conv2d_im2col import (
     emit_conv_gemm,
     emit_depthwise,
     emit_im2col,
+    emit_run_im2col,
     permute_dims,
     reshape,
+    run_weight,
 )
 from .conv2d_rows import Rows, rows_call, rows_reduction
+from .conv_transpose_gemm import TransposeGeometry, emit_col2im, transpose_weight
 from .grouped_conv_gemm import emit_grouped_gemm, grouped_weight
 
 _CONV = tvm.ir.Op.get("relax.nn.conv2d")
+_CONV_T = tvm.ir.Op.get("relax.nn.conv2d_transpose")
 
 
 @tvm.transform.module_pass(opt_level=0, name="tvmamp.Conv2dToGemm")
@@ -65,32 +69,42 @@ class Conv2dToGemm:
     gather_channels : int
         The im2col gather is fused into the GEMM (:func:`.conv2d_im2col.emit_conv_gemm`) when
         the input channels are a multiple of this (32: one 64-byte bf16 vector per tap, so the
-        GEMM's packing copies whole vectors). Other convs (an RGB stem, C = 3) gather with a
-        kernel of their own, which copies each tap's few channels faster than the packing's
-        element-wise gather does.
+        GEMM's packing copies whole vectors). Other convs gather with a kernel of their own:
+        with fewer channels than this (an RGB stem, C = 3), where a tap is less than a vector,
+        it copies each kernel row's ``KW*C`` contiguous values at once
+        (:func:`.conv2d_im2col.emit_run_im2col`; dilation 1), else one tap at a time.
     min_channels : int
-        Convs with more than 3x3 taps and fewer input channels than this (8) are left alone,
-        to the direct conv (``CPUConv2d``): there the im2col gathers many taps of a few
-        channels each, and the GEMM loses. Measured on Zen5, one thread, direct vs GEMM:
-        C = 3 7x7 stride 2 (an RGB stem) 1.26x faster direct, C = 3 5x5 1.47x; but C = 3
-        3x3 0.8x (0.6x at stride 2) and C = 8 7x7 stride 2 0.68x, which stay GEMMs.
+        Convs with more than 3x3 taps and fewer input channels than this are left alone, to
+        the direct conv (``CPUConv2d``). 1 (the default) leaves none: with whole kernel rows
+        gathered at once, the GEMM beats the direct bf16 conv on every few-channel shape
+        measured on Zen5 (one thread): C = 3 7x7 stride 2 (an RGB stem) 1.76x, C = 3 5x5
+        1.25-1.47x, C = 1 5x5 1.68x, C = 4 7x7 stride 2 2.03x, C = 6 11x11 stride 4 1.96x.
     min_group_channels : int
         Grouped convs whose groups have fewer input or output channels than this (16) are
         left to the direct conv: a group's GEMM pads its output channels to whole 16-lane
         vectors and its reduction to pairs, so narrow groups waste most of each vector.
+    max_transpose_taps : int
+        Dense NCHW/IOHW transposed convs (dilation 1) on which at most this many kernel taps
+        land per output pixel (4: ``ceil(KH/s_h) * ceil(KW/s_w)``, any kernel up to twice the
+        stride) become one GEMM over the input rows and a col2im gather
+        (:mod:`.conv_transpose_gemm`). The GEMM's result is that many times the output, so
+        transposed convs whose taps overlap more are left to the sub-pixel rewrite
+        (:mod:`.conv_transpose`).
     """
 
     def __init__(
         self,
         dtype: str = "bfloat16",
         gather_channels: int = 32,
-        min_channels: int = 8,
+        min_channels: int = 1,
         min_group_channels: int = 16,
+        max_transpose_taps: int = 4,
     ):
         options = {
             "gather_channels": gather_channels,
             "min_channels": min_channels,
             "min_group_channels": min_group_channels,
+            "max_transpose_taps": max_transpose_taps,
         }
         for name, value in options.items():
             if value < 1:
@@ -99,6 +113,7 @@ class Conv2dToGemm:
         self.gather_channels = gather_channels
         self.min_channels = min_channels
         self.min_group_channels = min_group_channels
+        self.max_transpose_taps = max_transpose_taps
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         """Rewrite the conv2d calls of every Relax function of ``mod``."""
@@ -111,18 +126,23 @@ class Conv2dToGemm:
         return rewriter.builder_.get()
 
     def rewrites(self, call: relax.Call, on_rows: bool = False) -> bool:
-        """Return whether ``call`` (a conv2d) is one this pass rewrites; ``on_rows``: whether
-        its input is already rows (depthwise convs are rewritten only then: on NCHW input the
-        direct conv, vectorised over columns, beats transposing to rows and back)."""
+        """Return whether ``call`` (a conv2d or conv2d_transpose) is one this pass rewrites;
+        ``on_rows``: whether its input is already rows (depthwise convs are rewritten only
+        then: on NCHW input the direct conv, vectorised over columns, beats transposing to rows
+        and back)."""
         attrs = call.attrs
         layouts = (attrs.data_layout, attrs.kernel_layout, attrs.out_layout)
-        if layouts != ("NCHW", "OIHW", "NCHW"):
+        kernel_layout = "IOHW" if call.op == _CONV_T else "OIHW"
+        if layouts != ("NCHW", kernel_layout, "NCHW"):
             return False
         data, weight = call.args
         dtypes = {str(data.ty.dtype), str(weight.ty.dtype)}
-        shapes = (static_shape(data.ty), static_shape(weight.ty))
+        shapes = (static_shape(data.ty), static_shape(weight.ty), static_shape(call.ty))
         if dtypes != {self.dtype} or None in shapes:
             return False
+        if call.op == _CONV_T:
+            dense = int(attrs.groups) == 1 and all(int(d) == 1 for d in attrs.dilation)
+            return dense and TransposeGeometry.of(call).taps <= self.max_transpose_taps
         f, c, kh, kw = shapes[1]
         groups = int(attrs.groups)
         if groups > 1 and c == 1 and f == groups:  # depthwise, one output channel per group
@@ -176,10 +196,12 @@ class _Rewriter(PyExprMutator):
 
     def _as_rows(self, value: relax.Expr) -> Rows | None:
         """Return ``value`` computed on rows, or ``None`` when it is not rewritten."""
-        if isinstance(value, relax.Call) and value.op == _CONV:
+        if isinstance(value, relax.Call) and value.op in (_CONV, _CONV_T):
             data = value.args[0]
             on_rows = isinstance(data, relax.DataflowVar) and data in self.rows
-            return self._conv(value) if self.options.rewrites(value, on_rows) else None
+            if not self.options.rewrites(value, on_rows):
+                return None
+            return self._transposed(value) if value.op == _CONV_T else self._conv(value)
         return rows_call(self.builder_, value, self.rows, self._visit_arg)
 
     def _visit_arg(self, arg: relax.Expr) -> relax.Expr:
@@ -199,6 +221,16 @@ class _Rewriter(PyExprMutator):
             out = self._dense(data, weight, g, f, out_dtype)
         return Rows(out, g.n, g.out_h, g.out_w, f)
 
+    def _transposed(self, call: relax.Call) -> Rows:
+        """One GEMM over the input rows, then the col2im gather (:mod:`.conv_transpose_gemm`)."""
+        data, weight = call.args
+        g = TransposeGeometry.of(call)
+        out_dtype = str(call.attrs.out_dtype) or self.options.dtype
+        rows = self._input_rows(data, g.input, (g.c,))
+        w2 = self._leaf(transpose_weight(self.visit_expr(weight), g))
+        products = self.builder_.emit(relax.op.matmul(rows, w2, out_dtype=out_dtype))
+        return Rows(emit_col2im(self.builder_, products, g), g.n, g.out_h, g.out_w, g.f)
+
     def _depthwise(self, data, weight, g: Geometry, out_dtype: str) -> relax.Var:
         """A window kernel on the rows; the weight as ``[KH*KW, C]`` in ``out_dtype``."""
         taps = reshape(weight, (g.c, g.kh * g.kw))
@@ -214,10 +246,15 @@ class _Rewriter(PyExprMutator):
         return emit_grouped_gemm(self.builder_, rows, matrices, g, out_dtype)
 
     def _dense(self, data, weight, g: Geometry, f: int, out_dtype: str) -> relax.Var:
-        """im2col + GEMM, the gather fused into the GEMM for wide inputs."""
+        """im2col + GEMM: the gather fused into the GEMM for wide inputs, whole kernel rows
+        gathered at once for narrow ones (fewer than ``gather_channels``)."""
         bb = self.builder_
         rows = self._input_rows(data, g, (g.c,))
         fused = not g.pointwise and g.c % self.options.gather_channels == 0
+        if g.c < self.options.gather_channels and not g.pointwise and g.dilation == (1, 1):
+            col = emit_run_im2col(bb, rows, g)
+            w2 = self._leaf(run_weight(weight, g, f))
+            return bb.emit(relax.op.matmul(col, w2, out_dtype=out_dtype))
         col = rows if fused else emit_im2col(bb, rows, g)  # pointwise: the rows are col
         hwio = permute_dims(weight, (2, 3, 1, 0))
         w2 = self._leaf(reshape(hwio, (g.kh * g.kw * g.c, f)))

@@ -16,12 +16,15 @@ the stride, e.g. U-Net's 2x2 stride 2) the sub-kernels are concatenated into one
 sub-kernels are slices of the weight, folded at compile time when it is a constant.
 
 Only static-shape NCHW/IOHW ``groups=1``, ``dilation=1`` transposed convs with a stride above
-1 are rewritten; others are left to TVM's legalization.
+1 are rewritten; others are left to TVM's legalization, and so are those a later pass claims
+(``leave``: with avx512_bf16, :mod:`.conv2d_to_gemm` runs bf16 ones whose taps overlap little
+as a GEMM and a col2im gather on NHWC rows).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import tvm
 from tvm import relax
@@ -34,11 +37,21 @@ _CONV_T = tvm.ir.Op.get("relax.nn.conv2d_transpose")
 
 @tvm.transform.module_pass(opt_level=0, name="tvmamp.ConvTransposeToSubPixel")
 class ConvTransposeToSubPixel:
-    """Rewrite every strided conv2d_transpose this pass handles (see the module docstring)."""
+    """Rewrite every strided conv2d_transpose this pass handles (see the module docstring).
+
+    Parameters
+    ----------
+    leave : callable, optional
+        ``leave(call) -> bool``: conv2d_transpose calls for which it is true are left as they
+        are, for a later pass to rewrite.
+    """
+
+    def __init__(self, leave: Callable[[relax.Call], bool] | None = None):
+        self.leave = leave
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         """Rewrite the conv2d_transpose calls of every Relax function of ``mod``."""
-        rewriter = _Rewriter(mod)
+        rewriter = _Rewriter(mod, self.leave)
         for gvar, func in mod.functions_items():
             if isinstance(func, relax.Function):
                 rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
@@ -77,9 +90,15 @@ class _Residue:
 class _Rewriter(PyExprMutator):
     """Replaces each handled conv2d_transpose by its sub-pixel convs and their interleave."""
 
+    def __init__(self, mod: tvm.IRModule, leave: Callable[[relax.Call], bool] | None):
+        super().__init__(mod)
+        self.leave = leave
+
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
         if call.op != _CONV_T or not _rewritable(call):
+            return call
+        if self.leave is not None and self.leave(call):
             return call
         return self._sub_pixel(call)
 

@@ -135,15 +135,19 @@ def partition_passes(target: tvm.target.Target, _policy) -> list:
     """exp/erf/tanh/sigmoid/silu/gelu/softmax get vectorised polynomial kernels (fp32 too:
     within 8 ulp, where TVM's libm calls run one scalar element at a time); with avx512_bf16,
     bf16 convolutions become im2col + GEMM to run on the bf16 GEMM kernels. Strided transposed
-    convs become sub-pixel convs first (no multiply-adds on the zeros of a dilated input), and
+    convs become sub-pixel convs first (no multiply-adds on the zeros of a dilated input),
+    except the bf16 ones that the conv-to-GEMM pass runs as a GEMM plus col2im; and
     ``x @ W.T`` on a run-time bf16 weight (a training step) reads ``W`` in place."""
     from tvmamp.relay_passes.conv2d_to_gemm import Conv2dToGemm
     from tvmamp.relay_passes.conv_transpose import ConvTransposeToSubPixel
     from tvmamp.relay_passes.fast_math import FastMath
     from tvmamp.relay_passes.weight_transpose import FuseWeightTranspose
 
-    gemm = [Conv2dToGemm("bfloat16"), FuseWeightTranspose()] if has_bf16(target) else []
-    return [FastMath(), ConvTransposeToSubPixel(), *gemm]
+    if not has_bf16(target):
+        return [FastMath(), ConvTransposeToSubPixel()]
+    gemm = Conv2dToGemm("bfloat16")
+    sub_pixel = ConvTransposeToSubPixel(leave=gemm.rewrites)  # what gemm runs on rows
+    return [FastMath(), sub_pixel, gemm, FuseWeightTranspose()]
 
 
 def intrinsic_families(target: tvm.target.Target) -> tuple[str, ...]:

@@ -55,7 +55,13 @@ def schedule_im2col(sch: s_tir.Schedule, block: SBlockRV, channels: int, target:
     padding test and the source row are computed once per (row, tap). The row loop runs in
     parallel when the target has several cores and the copy is large enough.
     """
-    row, col = sch.get_loops(block)
+    loops = sch.get_loops(block)
+    if len(loops) == 3:  # ``col[rows, KH, run]`` (emit_run_im2col): one vector copy per run
+        sch.vectorize(loops[-1])
+        if use_parallel(target, math.prod(int(iv.dom.extent) for iv in sch.get(block).iter_vars)):
+            sch.parallel(loops[0])
+        return
+    row, col = loops
     tap, channel = sch.split(col, [None, channels])
     lanes = vector_lanes(target, str(sch.get(block).writes[0].source.dtype))
     width = channels if channels <= lanes else largest_divisor(channels, lanes)

@@ -12,7 +12,12 @@ from tvm.script import ir as I
 from tvm.script import relax as R
 
 import tvmamp
-from tvmamp.relay_passes.conv2d_im2col import Geometry, emit_conv_gemm, emit_im2col
+from tvmamp.relay_passes.conv2d_im2col import (
+    Geometry,
+    emit_conv_gemm,
+    emit_run_im2col,
+    run_weight,
+)
 from tvmamp.relay_passes.conv2d_to_gemm import Conv2dToGemm
 from tvmamp.relay_passes.grouped_conv_gemm import emit_grouped_gemm, grouped_weight
 
@@ -77,13 +82,13 @@ def _expected_two_convs() -> tvm.IRModule:
     g2 = Geometry.of(_Attrs(stride=2), [1, 4, 6, 5], [5, 4, 3, 3])
     with bb.function("main", [x, w1, b1, w2]):
         with bb.dataflow():
-            col = emit_im2col(bb, _input_rows(bb, x, 1, 3, 6, 5), g1)
-            y = bb.emit(relax.op.matmul(col, _weight_matrix(bb, w1, 3, 4), out_dtype="float32"))
+            col = emit_run_im2col(bb, _input_rows(bb, x, 1, 3, 6, 5), g1)
+            y = bb.emit(relax.op.matmul(col, bb.emit(run_weight(w1, g1, 4)), out_dtype="float32"))
             z = bb.emit(relax.op.astype(y, BF16))
             z = bb.emit(relax.op.add(z, relax.op.reshape(b1, (4,))))
             z = bb.emit(relax.op.nn.relu(z))
-            col = emit_im2col(bb, z, g2)
-            o = bb.emit(relax.op.matmul(col, _weight_matrix(bb, w2, 4, 5), out_dtype="float32"))
+            col = emit_run_im2col(bb, z, g2)
+            o = bb.emit(relax.op.matmul(col, bb.emit(run_weight(w2, g2, 5)), out_dtype="float32"))
             out = _to_nchw(bb, o, 1, 3, 3, 5, output=True)
         bb.emit_func_output(out)
     return bb.get()
@@ -125,8 +130,8 @@ def _expected_batch_norm() -> tvm.IRModule:
     one, eps = relax.const(1.0, "float32"), relax.const(1e-3, "float32")
     with bb.function("main", [x, w, gamma, beta, mean, var]):
         with bb.dataflow():
-            col = emit_im2col(bb, _input_rows(bb, x, 1, 2, 4, 4), g)
-            y = bb.emit(relax.op.matmul(col, _weight_matrix(bb, w, 2, 3), out_dtype="float32"))
+            col = emit_run_im2col(bb, _input_rows(bb, x, 1, 2, 4, 4), g)
+            y = bb.emit(relax.op.matmul(col, bb.emit(run_weight(w, g, 3)), out_dtype="float32"))
             inv = relax.op.divide(one, relax.op.sqrt(relax.op.add(var, eps)))
             scale = bb.emit(relax.op.multiply(inv, gamma))
             shift = relax.op.negative(relax.op.multiply(mean, scale))
@@ -190,10 +195,10 @@ def _expected_wide_conv() -> tvm.IRModule:
 
 def test_wide_convs_fuse_the_gather_into_the_gemm():
     tvm.ir.assert_structural_equal(_rewrite(WideConvs), _expected_wide_conv())
-    # Below ``gather_channels`` the gather stays a kernel of its own.
+    # Below ``gather_channels`` the gather stays a kernel of its own, copying kernel rows.
     narrow = Conv2dToGemm(BF16, gather_channels=64)(WideConvs)
     names = [gv.name_hint for gv in narrow.get_global_vars()]
-    assert "im2col" in names and "conv2d_gemm" not in names
+    assert "im2col_runs" in names and "conv2d_gemm" not in names
 
 
 def test_gather_channels_must_be_positive():
@@ -214,12 +219,13 @@ def _stem(c: int) -> tvm.IRModule:
     return bb.get()
 
 
-def test_large_kernels_on_few_channels_stay_direct_convs():
+def test_large_kernels_on_few_channels_are_gemms_unless_min_channels_says_otherwise():
     rgb = _stem(3)
-    tvm.ir.assert_structural_equal(_rewrite(rgb), rgb)  # an RGB stem: the direct conv is faster
-    for rewritten in (_rewrite(_stem(8)), Conv2dToGemm(BF16, min_channels=1)(rgb)):
+    for rewritten in (_rewrite(rgb), _rewrite(_stem(8))):  # whole kernel rows gathered at once
         names = [gv.name_hint for gv in rewritten.get_global_vars()]
-        assert "im2col" in names, names
+        assert "im2col_runs" in names, names
+    direct = Conv2dToGemm(BF16, min_channels=8)
+    tvm.ir.assert_structural_equal(direct(rgb), rgb)
 
 
 def test_min_channels_must_be_positive():
@@ -336,7 +342,7 @@ class PoolsConcatMean:
 
 def test_pools_concat_and_global_mean_stay_on_rows():
     out = _rewrite(PoolsConcatMean)
-    assert _kernel_names(out) == ["avg_pool_rows", "im2col", "max_pool_rows"]
+    assert _kernel_names(out) == ["avg_pool_rows", "im2col_runs", "max_pool_rows"]
     assert _transposes(out) == 2  # the input and the weight: the mean reads the rows
 
 

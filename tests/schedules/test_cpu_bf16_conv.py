@@ -11,7 +11,7 @@ from tvm import relax
 import tvmamp
 import tvmamp.models
 from tvmamp.pipeline import front_phases
-from tvmamp.relay_passes.conv2d_im2col import Geometry, emit_im2col
+from tvmamp.relay_passes.conv2d_im2col import Geometry, emit_im2col, emit_run_im2col, run_length
 from tvmamp.targets.llvm import _host_flags
 
 BF16 = "bfloat16"
@@ -67,6 +67,74 @@ def test_im2col_gather_matches_numpy(rng, shape, kernel, stride, dilation, pad):
     exe = tvmamp.build(bb.get(), "O0", "llvm -num-cores=1")
     got = np.asarray(exe(x.transpose(0, 2, 3, 1).reshape(n * h * w, c)))
     np.testing.assert_array_equal(got.astype("float32"), _numpy_im2col(x, g).astype("float32"))
+
+
+@pytest.mark.parametrize(
+    ("shape", "kernel", "stride", "pad"),
+    [
+        ((2, 3, 13, 11), (7, 7), (2, 2), (3, 3, 3, 3)),  # an RGB stem: runs of 21, one zero
+        ((1, 5, 6, 7), (3, 2), (1, 2), (0, 1, 2, 1)),  # even runs of 10, asymmetric padding
+        ((1, 1, 9, 8), (5, 5), (1, 1), (2, 2, 2, 2)),  # one channel
+    ],
+)
+def test_run_im2col_matches_numpy(rng, shape, kernel, stride, pad):
+    n, c, h, w = shape
+    g = Geometry.of(_Attrs(stride, (1, 1), pad), list(shape), [1, c, *kernel])
+    bb = relax.BlockBuilder()
+    rows = relax.Var("rows", relax.TensorType((n * h * w, c), BF16))
+    with bb.function("main", [rows]):
+        with bb.dataflow():
+            out = bb.emit_output(emit_run_im2col(bb, rows, g))
+        bb.emit_func_output(out)
+    x = (rng.uniform(0.5, 1.5, shape) * rng.choice([-1, 1], shape)).astype(ml_dtypes.bfloat16)
+    exe = tvmamp.build(bb.get(), "O0", "llvm -num-cores=1")
+    got = np.asarray(exe(x.transpose(0, 2, 3, 1).reshape(n * h * w, c)), "float32")
+    run = run_length(g)
+    assert run % 2 == 0 and got.shape == (n * g.out_h * g.out_w, g.kh * run)
+    got = got.reshape(-1, g.kh, run)
+    ref = _numpy_im2col(x, g).astype("float32").reshape(-1, g.kh, g.kw * c)
+    np.testing.assert_array_equal(got[:, :, : g.kw * c], ref)
+    assert not got[:, :, g.kw * c :].any()  # the pair's rounding: zeros
+
+
+@pytest.mark.parametrize(("target", "instruction", "flag"), TARGETS)
+@pytest.mark.parametrize(  # at least 32 output pixels, so that AMX runs them
+    ("c", "f", "size", "kernel", "stride", "pad"),
+    [
+        (3, 20, (23, 21), (7, 7), 2, 3),  # an RGB stem
+        (1, 9, (12, 11), (5, 5), 1, 2),  # one channel
+        (5, 17, (10, 13), (3, 2), 2, (0, 1, 2, 1)),  # asymmetric kernel and padding
+        (24, 33, (9, 8), (3, 3), 1, 1),  # below gather_channels, runs of 72
+    ],
+)
+def test_narrow_conv_gathers_kernel_rows_and_matches_numpy(
+    rng, target, instruction, flag, c, f, size, kernel, stride, pad
+):
+    _needs_host(flag)
+    mod, w = _single_conv(c, f, size, kernel, stride, pad)
+    pads = (pad,) * 4 if isinstance(pad, int) else pad
+    g = Geometry.of(_Attrs((stride,) * 2, (1, 1), pads), [1, c, *size], list(w.shape))
+    x = (rng.uniform(0.5, 1.5, (1, c, *size)) * rng.choice([-1, 1], (1, c, *size))).astype(
+        "float32"
+    )
+    exe = tvmamp.build(mod, "O2", target, BF16)
+    assert instruction in exe.get_source("asm")
+    names = [gv.name_hint for gv in _scheduled(mod, target).get_global_vars()]
+    assert "im2col_runs" in names, names
+    cols = _numpy_im2col(x.astype("float64"), g)
+    ref = cols @ w.transpose(2, 3, 1, 0).reshape(-1, f).astype("float64")
+    ref = ref.reshape(1, g.out_h, g.out_w, f).transpose(0, 3, 1, 2)
+    np.testing.assert_allclose(
+        np.asarray(exe(x), "float64"), ref, rtol=2e-2, atol=2e-2 * np.abs(ref).max()
+    )
+
+
+def test_stem_builds_for_amx_with_the_run_gather():
+    """Build only (any host): a 7x7 RGB stem gathers kernel rows into a tdpbf16ps GEMM."""
+    mod, _ = _single_conv(3, 64, (32, 32), (7, 7), 2, 3)
+    exe = tvmamp.build(mod, "O2", {"kind": "llvm", "mcpu": "sapphirerapids"}, BF16)
+    asm = exe.get_source("asm")
+    assert "tdpbf16ps" in asm and "im2col_runs" in asm
 
 
 def _conv_chain(rng, n=2, c=5, f=33, size=(11, 9)):
@@ -136,7 +204,9 @@ def test_convnet_fuses_epilogues_and_transposes_only_the_input():
     # conv + bias + batch-norm (folded to scale and shift) + relu: one kernel per conv
     gemms = [k for k in kernels if k.startswith("fused_matmul") and "_relu" in k]
     assert len(gemms) == 3, kernels
-    assert [k for k in kernels if "im2col" in k] == ["im2col", "im2col1", "im2col1"], kernels
+    # 16 channels (below gather_channels): each conv gathers whole kernel rows.
+    gathers = [k for k in kernels if "im2col" in k]
+    assert gathers == ["im2col_runs", "im2col_runs1", "im2col_runs1"], kernels
     # The input; the global average pool reads the rows, so the output needs no transpose.
     assert sum("transpose" in k for k in kernels) == 1, kernels
 
@@ -234,7 +304,7 @@ def test_one_activation_copy_per_conv(target):
     mod, params = tvmamp.models.conv_net(channels=32, size=16, blocks=3)
     calls = _calls(_scheduled(mod, target, params))
     # Only the first conv (C = 3, below gather_channels) keeps a gather kernel of its own.
-    assert [name for name, _, _ in calls if "im2col" in name] == ["im2col"], calls
+    assert [name for name, _, _ in calls if "im2col" in name] == ["im2col_runs"], calls
     convs = [call for call in calls if "conv2d_gemm" in call[0]]
     copies = [call for call in convs if call[0].endswith("_weight_prepack")]  # split out
     gemms = [call for call in convs if not call[0].endswith("_weight_prepack")]
