@@ -11,6 +11,7 @@ from .bf16_matmul import CPUMatmulBF16
 from .bf16_passes import SplitPreproc
 from .column_reduction import CPUColumnReduction
 from .conv import CPUConv2d
+from .depthwise_planes import CPUDepthwisePlanes
 from .elementwise import CPUElementwise
 from .fp16_matmul import CPUMatmulFP16, has_f16c
 from .full_reduction import CPUFullReduction
@@ -47,8 +48,9 @@ def default_cpu_rules(target: Target) -> list[dl.ScheduleRule]:
             f"tvmamp.schedules.cpu.default_cpu_rules: target kind {target.kind.name!r} is not "
             "'llvm'"
         )
-    rules = [CPUMatmul(), CPUConv2d(), CPUElementwise(), CPUPooling(), CPUColumnReduction()]
-    rules += [CPURowReduction(), CPUFullReduction(), dl.cpu.GEMV(), dl.cpu.Reduction()]
+    rules = [CPUMatmul(), CPUDepthwisePlanes(), CPUConv2d(), CPUElementwise(), CPUPooling()]
+    rules += [CPUColumnReduction(), CPURowReduction(), CPUFullReduction()]
+    rules += [dl.cpu.GEMV(), dl.cpu.Reduction()]
     if has_f16c(target):
         rules = [CPUMatmulFP16(), *rules]
     if has_avx512bf16(target):

@@ -1,0 +1,153 @@
+"""DepthwisePlanes: low-precision NCHW depthwise convs read their fp32 input in one kernel."""
+
+from __future__ import annotations
+
+import re
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import tvm
+from tvm import relax, s_tir, tirx
+
+import tvmamp
+from tvmamp.pipeline import run_front_phases
+from tvmamp.relay_passes.conv2d_im2col import Geometry
+from tvmamp.relay_passes.depthwise_planes import PLANES_ATTR, DepthwisePlanes, uses_planes
+from tvmamp.schedules.cpu.depthwise_planes import CPUDepthwisePlanes
+from tvmamp.targets.cpu_features import cpu_level_features
+
+# (input NCHW, kernel, stride, padding, dilation), odd sizes on purpose.
+CASES = {
+    "planes_odd": ((2, 13, 9, 11), 3, 1, 1, 1),  # 13 channels, rows of 11, batch 2
+    "planes_5x5_dilated": ((1, 21, 10, 7), 5, 1, 4, 2),
+    "planes_asymmetric": ((1, 19, 12, 14), 3, 1, 0, 1),  # no padding
+    "direct_stride2": ((1, 13, 13, 11), 3, 2, 1, 1),
+    "direct_columns": ((1, 9, 8, 16), 3, 1, 1, 1),  # rows of 16: the columns tiling
+}
+LEVEL = {"float32": "O0", "bfloat16": "O2", "float16": "O2"}
+
+
+def depthwise_model(case) -> tuple[torch.nn.Module, tvm.IRModule]:
+    """A seeded depthwise conv + bias + ReLU in torch, and the same as Relax with constants."""
+    shape, k, s, p, d = case
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(shape[1], shape[1], k, s, p, dilation=d, groups=shape[1])
+    model = torch.nn.Sequential(conv, torch.nn.ReLU()).eval()
+    weight = relax.const(conv.weight.detach().numpy())
+    bias = relax.const(conv.bias.detach().numpy().reshape(1, -1, 1, 1))
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(shape, "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(
+                relax.op.nn.conv2d(x, weight, strides=s, padding=p, dilation=d, groups=shape[1])
+            )
+            out = bb.emit_output(relax.op.nn.relu(relax.op.add(y, bias)))
+        bb.emit_func_output(out)
+    return model, bb.get()
+
+
+def geometry(shape, k=3, s=1, p=1) -> Geometry:
+    return Geometry.make(shape, (k, k), (s, s), (1, 1), (p, p, p, p), shape[1])
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_depthwise_matches_torch(rng, name, dtype):
+    model, mod = depthwise_model(CASES[name])
+    x = rng.uniform(0.1, 1.0, CASES[name][0]).astype("float32")
+    x *= rng.choice([-1.0, 1.0], x.shape).astype("float32")  # never zero
+    with torch.no_grad():
+        ref = model(torch.from_numpy(x)).numpy()
+    low = None if dtype == "float32" else dtype
+    with warnings.catch_warnings():  # bf16 without avx512_bf16 warns that it is emulated
+        warnings.simplefilter("ignore", UserWarning)
+        exe = tvmamp.build(mod, LEVEL[dtype], "llvm -num-cores=2", dtype=low)
+    out = exe.vm["main"](tvm.runtime.tensor(x, exe.device)).numpy()
+    tol = 1e-4 if dtype == "float32" else 2e-2
+    np.testing.assert_allclose(out, ref, rtol=tol, atol=tol * float(np.abs(ref).max()))
+
+
+@pytest.mark.parametrize(
+    "g, planes",
+    [
+        (geometry((1, 384, 14, 14)), True),  # rows of 14: neither whole vectors nor tiny
+        (geometry((1, 960, 7, 7)), False),  # tiny planes: channels vectorised
+        (geometry((1, 144, 56, 56)), False),  # rows of 56 = 7 x 8: the columns tiling
+        (geometry((1, 144, 56, 56), s=2), False),  # strided: the direct conv
+    ],
+)
+def test_kernel_choice(g, planes):
+    assert uses_planes(g) is planes
+
+
+def _main_calls(mod: tvm.IRModule) -> list[relax.Call]:
+    calls = []
+    relax.analysis.post_order_visit(
+        mod["main"], lambda e: calls.append(e) if isinstance(e, relax.Call) else None
+    )
+    return calls
+
+
+@pytest.mark.parametrize("name", ["planes_odd", "direct_stride2"])
+def test_cast_is_absorbed(name):
+    """The conv kernel reads the fp32 input: no ``astype`` of it is left."""
+    _, mod = depthwise_model(CASES[name])
+    converted = tvmamp.convert(mod, "O2", "llvm", dtype="bfloat16").mod
+    rewritten = DepthwisePlanes()(converted)
+    x = rewritten["main"].params[0]
+    casts = [
+        c
+        for c in _main_calls(rewritten)
+        if c.op == tvm.ir.Op.get("relax.astype") and c.args[0].same_as(x)
+    ]
+    assert not casts
+    (kernel,) = [c for c in _main_calls(rewritten) if c.op == tvm.ir.Op.get("relax.call_tir")]
+    assert str(kernel.args[1].fields[0].ty.dtype) == "float32"
+
+
+def test_fp32_and_grouped_convs_are_left_alone():
+    _, mod = depthwise_model(CASES["planes_odd"])
+    tvm.ir.assert_structural_equal(DepthwisePlanes()(mod), mod)
+
+
+def test_bad_dtype():
+    with pytest.raises(ValueError, match="int8"):
+        DepthwisePlanes(dtypes=("int8",))
+
+
+def _has_planes_block(func: tirx.PrimFunc) -> bool:
+    sch = s_tir.Schedule(func)
+    blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    return any(PLANES_ATTR in sch.get(b).annotations for b in blocks)
+
+
+def _planes_kernel(target: str) -> tuple[tirx.PrimFunc, tvm.target.Target]:
+    _, mod = depthwise_model(CASES["planes_odd"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        converted = tvmamp.convert(mod, "O2", target, dtype="bfloat16")
+    lowered = run_front_phases(converted)
+    funcs = [
+        f
+        for _, f in lowered.functions_items()
+        if isinstance(f, tirx.PrimFunc) and _has_planes_block(f)
+    ]
+    (func,) = funcs
+    return func, converted.target
+
+
+@pytest.mark.parametrize("kind", ["x86-64-v3", "znver4", "sapphirerapids"])
+def test_forced_cpu_kinds_build_vector_fmas(kind):
+    """Build only: the planes kernel for each CPU kind has vector FMAs of its width."""
+    func, target = _planes_kernel(f"llvm -mcpu={kind} -num-cores=2")
+    sch = CPUDepthwisePlanes().apply(func, target, False)
+    assert sch is not None
+    lib = tvm.tirx.build(
+        tvm.IRModule({"conv": sch.mod["main"].with_attr("global_symbol", "conv")}), target=target
+    )
+    register = "zmm" if "avx512f" in cpu_level_features(kind) else "ymm"
+    asm = lib.inspect_source("asm")
+    assert re.search(rf"vfmadd\w+ps\s+[^\n]*%{register}", asm), f"no {register} FMA for {kind}"
