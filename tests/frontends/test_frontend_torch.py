@@ -179,3 +179,28 @@ def test_cumsum_of_a_bool_mask_is_int64_as_in_torch(rng):
         want = Positions()(torch.from_numpy(x)).numpy()
     out = tvmamp.build(mod, "O0", TARGET, params=params)(x)
     np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-6)
+
+
+class LastStep(torch.nn.Module):
+    """``x[:, -1]`` (an RNN's last step, a decoder's last token) and other negative selects."""
+
+    def __init__(self):
+        super().__init__()
+        self.gru = torch.nn.GRU(6, 8, batch_first=True)
+
+    def forward(self, x):
+        y, _ = self.gru(x)
+        return y[:, -1] * 2 + x[-1, -2].sum() + y[..., -3].mean()
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic batch"])
+def test_negative_select_reads_from_the_end(rng, dynamic):
+    """TVM's importer made ``select(x, 1, -1)`` a ``take(x, -1, mode="fast")``, which reads
+    before the tensor: the GRU classifier's output was whatever memory lay there (3.6e33)."""
+    torch.manual_seed(0)
+    model = LastStep().eval()
+    x = rng.standard_normal((3, 5, 6)).astype("float32")
+    mod, params = from_torch(model, (x,), dynamic_batch=dynamic)
+    exe = tvmamp.build(mod, "O0", TARGET, params=params)
+    for batch in (3, 2) if dynamic else (3,):
+        np.testing.assert_allclose(exe(x[:batch]), _eager(model, x[:batch]), rtol=1e-5, atol=1e-5)

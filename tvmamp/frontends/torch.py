@@ -7,7 +7,11 @@ import warnings
 from collections.abc import Mapping
 
 from .common import UnsupportedOperatorError, rename_params, require, split_params
-from .torch_graph import drop_legacy_empty_cat_inputs, give_cumulative_ops_their_dtype
+from .torch_graph import (
+    count_from_the_start_in_selects,
+    drop_legacy_empty_cat_inputs,
+    give_cumulative_ops_their_dtype,
+)
 
 TRAIN_MODES = ("eval", "error")
 
@@ -172,6 +176,7 @@ def import_exported_program(program, custom_convert_map: Mapping | None = None):
     program = program.run_decompositions()
     drop_legacy_empty_cat_inputs(program)
     give_cumulative_ops_their_dtype(program)
+    count_from_the_start_in_selects(program)
     calls = [n for n in program.graph.nodes if n.op == "call_function"]
     _refuse_train_ops(calls, program)
     known = set(ExportedProgramImporter().convert_map) | set(custom_convert_map or {})

@@ -83,3 +83,41 @@ def give_cumulative_ops_their_dtype(program) -> int:
     if changed:
         program.graph_module.recompile()
     return changed
+
+
+def count_from_the_start_in_selects(program) -> int:
+    """Give ``aten.select.int`` calls a non-negative index; return how many were rewritten.
+
+    ``x[:, -1]`` (an RNN's last step, a decoder's last token) exports as ``select(x, 1, -1)``.
+    TVM's importer makes it ``take(x, -1, mode="fast")``, which reads before the tensor: the
+    result is whatever memory lies there, silently (a GRU classifier returned 3.6e33). With a
+    static size the index becomes ``size + index``; along a symbolic dimension the select
+    becomes ``squeeze(slice(x, dim, index, index + 1))``, whose negative start TVM resolves.
+    """
+    import torch
+
+    graph, changed = program.graph, 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or _overload_name(node) != "select.int":
+            continue
+        source, dim, index = node.args[0], node.args[1], node.args[2]
+        value = _value(source)
+        if not isinstance(index, int) or index >= 0 or value is None:
+            continue
+        dim = dim % value.dim()
+        size = value.shape[dim]
+        if isinstance(size, int):
+            node.args = (source, dim, size + index)
+        else:
+            aten = torch.ops.aten
+            with graph.inserting_before(node):
+                end = index + 1 if index < -1 else None
+                part = graph.call_function(aten.slice.Tensor, (source, dim, index, end))
+                squeezed = graph.call_function(aten.squeeze.dim, (part, dim))
+            squeezed.meta = dict(node.meta)
+            node.replace_all_uses_with(squeezed)
+            graph.erase_node(node)
+        changed += 1
+    if changed:
+        program.graph_module.recompile()
+    return changed
