@@ -219,7 +219,8 @@ def fuse_transposed_inner(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -
         return False
     last = set()
     for read in stmt.reads:
-        last.update(undefined_vars(read.region[-1].min))
+        if read.region:  # a 0-d read (a scalar) has no last index
+            last.update(undefined_vars(read.region[-1].min))
     count = 0
     for iv in reversed(stmt.iter_vars):
         if iv.var in last:
