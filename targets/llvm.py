@@ -138,7 +138,9 @@ def partition_passes(target: tvm.target.Target, _policy) -> list:
     convs become sub-pixel convs first (no multiply-adds on the zeros of a dilated input),
     except the bf16 ones that the conv-to-GEMM pass runs as a GEMM plus col2im; and
     ``x @ W.T`` on a run-time bf16 weight (a training step) reads ``W`` in place. Low-precision
-    NCHW depthwise convs left (not on rows) read their fp32 input without a cast kernel."""
+    NCHW depthwise convs left (not on rows) read their fp32 input without a cast kernel. 1-D
+    convolutions run as 2-D ones of height 1, on all of the above."""
+    from tvmamp.relay_passes.conv1d_as_conv2d import Conv1dAsConv2d
     from tvmamp.relay_passes.conv2d_to_gemm import Conv2dToGemm
     from tvmamp.relay_passes.conv_transpose import ConvTransposeToSubPixel
     from tvmamp.relay_passes.depthwise_planes import DepthwisePlanes
@@ -146,10 +148,10 @@ def partition_passes(target: tvm.target.Target, _policy) -> list:
     from tvmamp.relay_passes.weight_transpose import FuseWeightTranspose
 
     if not has_bf16(target):
-        return [FastMath(), ConvTransposeToSubPixel(), DepthwisePlanes()]
+        return [Conv1dAsConv2d(), FastMath(), ConvTransposeToSubPixel(), DepthwisePlanes()]
     gemm = Conv2dToGemm("bfloat16")
     sub_pixel = ConvTransposeToSubPixel(leave=gemm.rewrites)  # what gemm runs on rows
-    return [FastMath(), sub_pixel, gemm, FuseWeightTranspose(), DepthwisePlanes()]
+    return [Conv1dAsConv2d(), FastMath(), sub_pixel, gemm, FuseWeightTranspose(), DepthwisePlanes()]
 
 
 def intrinsic_families(target: tvm.target.Target) -> tuple[str, ...]:
