@@ -135,7 +135,7 @@ class _Rewriter(relax.PyExprMutator):
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
         name = getattr(call.op, "name", None)
-        if _dtype(call.args[0]) not in self.dtypes:
+        if not call.args or _dtype(call.args[0]) not in self.dtypes:
             return call
         if name == "relax.power":
             return _small_power(call)

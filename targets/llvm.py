@@ -148,10 +148,11 @@ def partition_passes(target: tvm.target.Target, _policy) -> list:
     from tvmamp.relay_passes.weight_transpose import FuseWeightTranspose
 
     if not has_bf16(target):
-        return [Conv1dAsConv2d(), FastMath(), ConvTransposeToSubPixel(), DepthwisePlanes()]
+        return [Conv1dAsConv2d(), ConvTransposeToSubPixel(), DepthwisePlanes(), FastMath()]
     gemm = Conv2dToGemm("bfloat16")
     sub_pixel = ConvTransposeToSubPixel(leave=gemm.rewrites)  # what gemm runs on rows
-    return [Conv1dAsConv2d(), FastMath(), sub_pixel, gemm, FuseWeightTranspose(), DepthwisePlanes()]
+    rows = [sub_pixel, gemm, FuseWeightTranspose(), DepthwisePlanes()]
+    return [Conv1dAsConv2d(), *rows, FastMath()]  # activations are still ops on the rows
 
 
 def intrinsic_families(target: tvm.target.Target) -> tuple[str, ...]:

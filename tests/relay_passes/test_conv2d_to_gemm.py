@@ -448,3 +448,37 @@ def test_constant_weights_are_laid_out_at_rewrite_time():
     np.testing.assert_array_equal(matrices.astype("float32"), expected.astype("float32"))
     layouts = [c for c in calls if c.op.name in ("relax.reshape", "relax.permute_dims")]
     assert all(not isinstance(c.args[0], Constant) for c in layouts), layouts
+
+
+@I.ir_module
+class MBConvSiLU:
+    """EfficientNet's expand 1x1, SiLU, depthwise 3x3 and squeeze-excitation, then project."""
+
+    @R.function
+    def main(
+        x: R.Tensor((1, 16, 8, 8), BF16),
+        w1: R.Tensor((32, 16, 1, 1), BF16),
+        w2: R.Tensor((32, 1, 3, 3), BF16),
+        w3: R.Tensor((16, 32, 1, 1), BF16),
+    ):
+        with R.dataflow():
+            y = R.astype(R.nn.silu(R.nn.conv2d(x, w1, out_dtype="float32")), BF16)
+            y = R.nn.conv2d(y, w2, padding=1, groups=32, out_dtype="float32")
+            y = R.astype(R.nn.silu(y), BF16)
+            gate = R.sigmoid(R.mean(y, axis=[2, 3], keepdims=True))
+            y = R.nn.conv2d(R.multiply(y, gate), w3, out_dtype="float32")
+            R.output(y)
+        return y
+
+
+def test_the_llvm_pipeline_keeps_silu_and_squeeze_excitation_on_rows():
+    """FastMath runs after the rows rewrite: before, SiLU became a call_tir the rows did not
+    follow, and each MBConv went back to NCHW for its depthwise conv (EfficientNet-like model
+    at O2: 3.05 -> 2.57 ms, one thread)."""
+    from tvmamp.targets.llvm import partition_passes
+
+    target = tvm.target.Target({"kind": "llvm", "mcpu": "znver4"})
+    with target:
+        out = tvm.transform.Sequential(partition_passes(target, None))(MBConvSiLU)
+    assert "depthwise_rows" in _kernel_names(out)
+    assert _transposes(out) == 2 + 3  # the input and the output; three weight layouts
