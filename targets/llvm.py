@@ -139,20 +139,23 @@ def partition_passes(target: tvm.target.Target, _policy) -> list:
     except the bf16 ones that the conv-to-GEMM pass runs as a GEMM plus col2im; and
     ``x @ W.T`` on a run-time bf16 weight (a training step) reads ``W`` in place. Low-precision
     NCHW depthwise convs left (not on rows) read their fp32 input without a cast kernel. 1-D
-    convolutions run as 2-D ones of height 1, on all of the above."""
+    convolutions run as 2-D ones of height 1, on all of the above; a ``split`` feeding only
+    elementwise ops (an LSTM's gates) becomes slices that fuse with them."""
     from tvmamp.relay_passes.conv1d_as_conv2d import Conv1dAsConv2d
     from tvmamp.relay_passes.conv2d_to_gemm import Conv2dToGemm
     from tvmamp.relay_passes.conv_transpose import ConvTransposeToSubPixel
     from tvmamp.relay_passes.depthwise_planes import DepthwisePlanes
     from tvmamp.relay_passes.fast_math import FastMath
+    from tvmamp.relay_passes.split_to_slices import SplitToSlices
     from tvmamp.relay_passes.weight_transpose import FuseWeightTranspose
 
+    first = [Conv1dAsConv2d(), SplitToSlices()]
     if not has_bf16(target):
-        return [Conv1dAsConv2d(), ConvTransposeToSubPixel(), DepthwisePlanes(), FastMath()]
+        return [*first, ConvTransposeToSubPixel(), DepthwisePlanes(), FastMath()]
     gemm = Conv2dToGemm("bfloat16")
     sub_pixel = ConvTransposeToSubPixel(leave=gemm.rewrites)  # what gemm runs on rows
     rows = [sub_pixel, gemm, FuseWeightTranspose(), DepthwisePlanes()]
-    return [Conv1dAsConv2d(), *rows, FastMath()]  # activations are still ops on the rows
+    return [*first, *rows, FastMath()]  # FastMath last: activations are still ops on the rows
 
 
 def intrinsic_families(target: tvm.target.Target) -> tuple[str, ...]:

@@ -1,0 +1,135 @@
+"""SplitToSlices: a ``split`` whose parts only feed elementwise ops becomes one slice per part.
+
+``split`` is a kernel of its own with one output per part (a tuple), and ``FuseOps`` fuses
+nothing through a tuple: an LSTM step ran ``add + split`` of its gate pre-activations, then the
+sigmoid/tanh gates and the cell update as separate kernels, each a few hundred nanoseconds of
+work behind a kernel call. A ``strided_slice`` per part is an injective op that fuses into its
+elementwise consumers, so the slices, gates and cell update become one kernel reading the gate
+matmul's result in place.
+
+Only splits along a static axis whose every part is read by elementwise ops alone are
+rewritten: a part that feeds a matmul (an attention's q/k/v) would be a copy either way.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax
+from tvm.relax import PyExprMutator
+
+_SPLIT = tvm.ir.Op.get("relax.split")
+ELEMENTWISE = frozenset(
+    tvm.ir.Op.get(f"relax.{name}")
+    for name in (
+        "add",
+        "subtract",
+        "multiply",
+        "divide",
+        "maximum",
+        "minimum",
+        "power",
+        "negative",
+        "abs",
+        "exp",
+        "sqrt",
+        "rsqrt",
+        "erf",
+        "sigmoid",
+        "tanh",
+        "clip",
+        "astype",
+        "nn.relu",
+        "nn.gelu",
+        "nn.gelu_tanh",
+        "nn.silu",
+        "nn.leakyrelu",
+    )
+)
+
+
+@tvm.transform.module_pass(opt_level=0, name="tvmamp.SplitToSlices")
+class SplitToSlices:
+    """Rewrite each ``split`` whose parts feed only elementwise ops into per-part slices."""
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        """Rewrite the splits of every Relax function of ``mod``; the unused ones are removed."""
+        rewriter = _Rewriter(mod)
+        for gvar, func in mod.functions_items():
+            if isinstance(func, relax.Function):
+                rewriter.parts = _sliceable_parts(func)
+                if rewriter.parts:
+                    func = relax.analysis.remove_all_unused(rewriter.visit_expr(func))
+                    rewriter.builder_.update_func(gvar, func)
+        return rewriter.builder_.get()
+
+
+def _sliceable_parts(func: relax.Function) -> dict:
+    """``TupleGetItem`` variable -> ``(data, axis, begin, end)`` for each part of a split that
+    only elementwise ops read, when every part of that split is read that way."""
+    bindings = [b for block in func.body.blocks for b in block.bindings]
+    splits = {
+        b.var: b.value
+        for b in bindings
+        if isinstance(b.value, relax.Call) and b.value.op == _SPLIT and _bounds(b.value)
+    }
+    parts, users = {}, {}
+    for binding in bindings:
+        value = binding.value
+        if isinstance(value, relax.TupleGetItem) and value.tuple_value in splits:
+            parts[binding.var] = value
+        for var in relax.analysis.free_vars(value):
+            users.setdefault(var, []).append(value)
+    outputs = set(relax.analysis.free_vars(func.body.body))
+    found = {}
+    for split_var, split in splits.items():
+        mine = {v: p for v, p in parts.items() if p.tuple_value.same_as(split_var)}
+        direct = [u for u in users.get(split_var, []) if not isinstance(u, relax.TupleGetItem)]
+        if not mine or direct or split_var in outputs:
+            continue
+        if any(v in outputs or not _elementwise_users(users.get(v, [])) for v in mine):
+            continue
+        bounds = _bounds(split)
+        for var, part in mine.items():
+            begin, end = bounds[part.index]
+            found[var] = (split.args[0], int(split.attrs.axis), begin, end)
+    return found
+
+
+def _elementwise_users(values: list) -> bool:
+    return bool(values) and all(isinstance(v, relax.Call) and v.op in ELEMENTWISE for v in values)
+
+
+def _bounds(split: relax.Call) -> list[tuple[int, int]] | None:
+    """The ``(begin, end)`` of each part along the split axis, or None if not static."""
+    ty = split.args[0].ty
+    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
+        return None
+    axis = int(split.attrs.axis) % len(ty.shape.values)
+    size = ty.shape.values[axis]
+    if not isinstance(size, tvm.tirx.IntImm):
+        return None
+    size, sections = int(size), split.attrs.indices_or_sections
+    if isinstance(sections, (int, tvm.tirx.IntImm)):
+        count = int(sections)
+        if size % count:
+            return None
+        cuts = [size // count * i for i in range(1, count)]
+    else:
+        cuts = [int(c) for c in sections]
+    edges = [0, *cuts, size]
+    return list(zip(edges[:-1], edges[1:]))
+
+
+@relax.expr_functor.mutator
+class _Rewriter(PyExprMutator):
+    def __init__(self, mod: tvm.IRModule):
+        super().__init__(mod)
+        self.parts: dict = {}
+
+    def visit_var_binding_(self, binding: relax.VarBinding) -> None:
+        if binding.var not in self.parts:
+            super().visit_var_binding_(binding)
+            return
+        data, axis, begin, end = self.parts[binding.var]
+        piece = relax.op.strided_slice(self.visit_expr(data), [axis], [begin], [end])
+        self.set_var_remap(binding.var, self.builder_.emit(piece, binding.var.name))
