@@ -19,6 +19,7 @@ of the inner loop (FMAs and loads per reduction step) and returns the better.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tvm import s_tir, tirx
@@ -233,13 +234,18 @@ def accumulate_dtype(sch: s_tir.Schedule, conv: SBlockRV) -> str:
 
 
 def tile_pixels(
-    sch: s_tir.Schedule, conv: SBlockRV, plan: TilePlan, head: list, tail: list
+    sch: s_tir.Schedule,
+    conv: SBlockRV,
+    plan: TilePlan,
+    head: list,
+    tail: list,
+    fuse_rows: bool = True,
 ) -> tuple[LoopRV, LoopRV]:
     """Order ``(*head, y/ty, x/tx, c, ky, kx, ty, tx, *tail)``, unroll ``ty, tx``.
 
     ``head`` and ``tail`` are the split channel loops, before the conv's last five loops
-    ``y, x, c, ky, kx``; returns the fused outer loop
-    (``*head, y/ty``) and the column-tile loop.
+    ``y, x, c, ky, kx``; returns the fused outer loop (``*head, y/ty``, or only ``*head``
+    when not ``fuse_rows``) and the column-tile loop.
     """
     y, x, c, ky, kx = sch.get_loops(conv)[-5:]
     y_outer, y_inner = sch.split(y, [None, plan.tile_y])
@@ -247,7 +253,7 @@ def tile_pixels(
     sch.reorder(*head, y_outer, x_outer, c, ky, kx, y_inner, x_inner, *tail)
     sch.unroll(y_inner)
     sch.unroll(x_inner)
-    return sch.fuse(*head, y_outer), x_outer
+    return sch.fuse(*head, y_outer) if fuse_rows else sch.fuse(*head), x_outer
 
 
 def finish(
@@ -257,14 +263,20 @@ def finish(
     x_outer: LoopRV,
     acc_layout,
     target: Target,
+    write_back: Callable[[s_tir.Schedule, SBlockRV], bool] | None = None,
 ) -> None:
     """Accumulate in a ``local`` tile laid out by ``acc_layout``, inline the epilogue into its
-    write-back, parallelise ``outer`` and vectorise the blocks that feed the conv."""
+    write-back, parallelise ``outer`` and vectorise the blocks that feed the conv.
+
+    ``write_back(sch, block)``, when given, schedules the write-back block and returns True, or
+    returns False to leave it to the default (its innermost loop vectorised).
+    """
     acc = sch.cache_write(conv, 0, "local")
     sch.transform_layout(conv, ("write", 0), acc_layout)
     sch.reverse_compute_at(acc, x_outer, preserve_unit_loops=True)
     inline_epilogue(sch, acc)
-    sch.vectorize(sch.get_loops(acc)[-1])
+    if write_back is None or not write_back(sch, acc):
+        sch.vectorize(sch.get_loops(acc)[-1])
     work = math.prod(int(iv.dom.extent) for iv in sch.get(conv).iter_vars)
     parallel = use_parallel(target, work)
     for block in _producers(sch, conv):  # the data copy, padding, dilation, weight packing
@@ -290,5 +302,7 @@ def _producers(sch: s_tir.Schedule, block: SBlockRV) -> list[SBlockRV]:
 
 
 def _is_scheduled(sch: s_tir.Schedule, block: SBlockRV) -> bool:
-    """Whether a loop of ``block`` is already vectorised."""
-    return any(sch.get(loop).kind == tirx.ForKind.VECTORIZED for loop in sch.get_loops(block))
+    """Whether a loop of ``block`` is already vectorised, parallel or annotated (a tensorized
+    copy imports its intrinsic with a loop annotation)."""
+    loops = [sch.get(loop) for loop in sch.get_loops(block)]
+    return any(loop.kind != tirx.ForKind.SERIAL or loop.annotations for loop in loops)

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 from tvm import s_tir
@@ -21,7 +22,8 @@ from tvm.target import Target
 from tvmamp.relay_passes.conv2d_im2col import WINDOW_ATTR
 from tvmamp.relay_passes.grouped_conv_gemm import PERMUTE_ATTR
 
-from .common import inline_epilogue, largest_divisor, use_parallel, vector_lanes
+from . import conv_staging
+from .common import inline_epilogue, largest_divisor, logger, use_parallel, vector_lanes
 from .conv_common import (
     ConvShape,
     TilePlan,
@@ -50,16 +52,45 @@ def schedule_groups(
     is copied once to ``[N, C / (Cg * tile_g), H, W, Cg, tile_g]`` (and widened to fp32), so
     every tap of every input channel of a group is one contiguous vector load, at any stride
     or dilation; the weight is packed to ``[G / tile_g, Cg, KH, KW, Fg, tile_g]``.
+
+    Depthwise convs with 16 channels a vector stage their input and write their output with
+    16 x 16 register transposes, one group of channels at a time (:mod:`.conv_staging`); the
+    copies are gathers otherwise, or when that schedule does not apply (tried on a copy of
+    ``sch`` first).
     """
+    dtype = accumulate_dtype(sch, conv)
+    if conv_staging.fits(shape, plan.tile_v, dtype):
+        trial = sch.copy()
+        try:
+            _schedule_groups(trial, trial.get_sblock(sch.get(conv).name_hint), shape, plan, target)
+        except (RuntimeError, ValueError, KeyError) as err:  # ScheduleError, TVM's checks
+            logger.info("depthwise conv staged by gathers: %s", err)
+        else:
+            _schedule_groups(sch, conv, shape, plan, target)
+            return
+    _schedule_groups(sch, conv, shape, plan, target, transposed=False)
+
+
+def _schedule_groups(
+    sch: s_tir.Schedule,
+    conv: SBlockRV,
+    shape: ConvShape,
+    plan: TilePlan,
+    target: Target,
+    transposed: bool = True,
+) -> None:
+    """:func:`schedule_groups`, with the transposing copies when ``transposed``."""
     dtype = accumulate_dtype(sch, conv)
     tile_g, fg, cg = plan.tile_v, shape.fg, shape.cg
     data = stage_data(sch, conv, dtype, always=True)
-    sch.transform_layout(
-        data,
-        ("write", 0),
-        lambda n, ch, h, w: (n, ch // (cg * tile_g), h, w, ch % cg, ch // cg % tile_g),
-    )
-    _order_copy(sch, data, cg, tile_g, target)
+    staging = conv_staging.stage_input(sch, conv, data) if transposed else None
+    if staging is None:
+        sch.transform_layout(
+            data,
+            ("write", 0),
+            lambda n, ch, h, w: (n, ch // (cg * tile_g), h, w, ch % cg, ch // cg % tile_g),
+        )
+        _order_copy(sch, data, cg, tile_g, target)
     pack_weight(
         sch,
         conv,
@@ -68,11 +99,18 @@ def schedule_groups(
     )
     n, f = sch.get_loops(conv)[:2]
     g_outer, g_inner, f_inner = sch.split(f, [None, tile_g, fg])
-    outer, x_outer = tile_pixels(sch, conv, plan, [n, g_outer], [f_inner, g_inner])
+    # Transposed, one outer iteration is one group of channels: its input is staged and its
+    # output written right there, while in cache.
+    head, tail = [n, g_outer], [f_inner, g_inner]
+    outer, x_outer = tile_pixels(sch, conv, plan, head, tail, fuse_rows=not transposed)
     sch.unroll(f_inner)
     sch.vectorize(g_inner)
+    if staging is not None:
+        conv_staging.place_input(sch, staging, outer)
+    write_back = functools.partial(conv_staging.stage_output, outer=outer) if transposed else None
     # Groups innermost in the accumulator tile: one vector per (pixel, channel of the group).
-    finish(sch, conv, outer, x_outer, lambda n, f, y, x: (n, y, x, f % fg, f // fg), target)
+    layout = lambda n, f, y, x: (n, y, x, f % fg, f // fg)  # noqa: E731
+    finish(sch, conv, outer, x_outer, layout, target, write_back)
 
 
 def schedule_columns(sch: s_tir.Schedule, conv: SBlockRV, plan: TilePlan, target: Target):

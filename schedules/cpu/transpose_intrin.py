@@ -171,4 +171,172 @@ def transpose_intrin(src: str, dst: str) -> tuple[str, str] | None:
     return name, llvm_ir(bits, to_bf16)
 
 
-__all__ = ["BITS", "SIDE", "intrin_name", "llvm_ir", "transpose_intrin"]
+def _tile_starts(pixels: int) -> tuple[int, int]:
+    """``(tiles, last)``: whole 16-pixel tiles, then one more starting at ``last`` (overlapping
+    the one before it: the same values written twice) when ``pixels`` is not a multiple of 16;
+    ``last`` is -1 when there is none (``pixels`` a multiple of 16, or below 16)."""
+    tiles = pixels // SIDE
+    last = pixels - SIDE if pixels % SIDE and pixels > SIDE else -1
+    return tiles, last
+
+
+def _make_rows(dtype: str, pixels: int, function: str):
+    """The (description, implementation) pair of ``D[p, c] = S[c, p]``: 16 planes of
+    ``pixels`` to ``pixels`` channel-innermost rows of 16."""
+    tiles, last = _tile_starts(pixels)
+    size = DataType(dtype).bits // 8
+    count = T.int64(pixels)
+
+    @T.prim_func(s_tir=True)
+    def desc(s: T.handle, d: T.handle) -> None:
+        S = T.match_buffer(s, (SIDE, count), dtype, offset_factor=1, strides=[T.int64(), 1])
+        D = T.match_buffer(d, (count, SIDE), dtype, offset_factor=1, strides=[T.int64(), 1])
+        with T.sblock("root"):
+            T.reads(S[0:SIDE, 0:count])
+            T.writes(D[0:count, 0:SIDE])
+            for p, c in T.grid(count, SIDE):
+                with T.sblock("rows"):
+                    vp, vc = T.axis.remap("SS", [p, c])
+                    D[vp, vc] = S[vc, vp]
+
+    @T.prim_func(s_tir=True)
+    def impl(s: T.handle, d: T.handle) -> None:
+        lds = T.int64()
+        ldd = T.int64()
+        S = T.match_buffer(s, (SIDE, count), dtype, offset_factor=1, strides=[lds, 1])
+        D = T.match_buffer(d, (count, SIDE), dtype, offset_factor=1, strides=[ldd, 1])
+        with T.sblock("root"):
+            T.reads(S[0:SIDE, 0:count])
+            T.writes(D[0:count, 0:SIDE])
+            for t in range(tiles):
+                T.evaluate(
+                    T.call_extern(
+                        "void",
+                        function,
+                        T.address_of(D[t * SIDE, 0]),
+                        ldd * size,
+                        T.address_of(S[0, t * SIDE]),
+                        lds * size,
+                    )
+                )
+            if last >= 0:
+                T.evaluate(
+                    T.call_extern(
+                        "void",
+                        function,
+                        T.address_of(D[last, 0]),
+                        ldd * size,
+                        T.address_of(S[0, last]),
+                        lds * size,
+                    )
+                )
+            for p, c in T.grid(count - tiles * SIDE if pixels < SIDE else 0, SIDE):
+                D[p, c] = S[c, p]
+
+    return desc, impl
+
+
+def _make_planes(src: str, dst: str, height: int, width: int, function: str):
+    """The (description, implementation) pair of ``D[c, y, x] = S[y * width + x, c]`` (cast
+    when ``src != dst``): 16 channel-innermost rows of ``height * width`` pixels to 16 NCHW
+    planes."""
+    pixels = height * width
+    tiles, last = _tile_starts(pixels)
+    src_bytes, dst_bytes = DataType(src).bits // 8, DataType(dst).bits // 8
+    rows, cols = T.int64(height), T.int64(width)
+
+    @T.prim_func(s_tir=True)
+    def desc(s: T.handle, d: T.handle) -> None:
+        S = T.match_buffer(s, (pixels, SIDE), src, offset_factor=1, strides=[T.int64(), 1])
+        D = T.match_buffer(
+            d, (SIDE, rows, cols), dst, offset_factor=1, strides=[T.int64(), cols, 1]
+        )
+        with T.sblock("root"):
+            T.reads(S[0:pixels, 0:SIDE])
+            T.writes(D[0:SIDE, 0:rows, 0:cols])
+            for c, y, x in T.grid(SIDE, rows, cols):
+                with T.sblock("planes"):
+                    vc, vy, vx = T.axis.remap("SSS", [c, y, x])
+                    D[vc, vy, vx] = (
+                        T.Cast(dst, S[vy * cols + vx, vc]) if src != dst else S[vy * cols + vx, vc]
+                    )
+
+    @T.prim_func(s_tir=True)
+    def impl(s: T.handle, d: T.handle) -> None:
+        lds = T.int64()
+        ldd = T.int64()
+        S = T.match_buffer(s, (pixels, SIDE), src, offset_factor=1, strides=[lds, 1])
+        D = T.match_buffer(d, (SIDE, rows, cols), dst, offset_factor=1, strides=[ldd, cols, 1])
+        with T.sblock("root"):
+            T.reads(S[0:pixels, 0:SIDE])
+            T.writes(D[0:SIDE, 0:rows, 0:cols])
+            # Each plane is contiguous: a tile's 16 pixels run on across rows.
+            for t in range(tiles):
+                T.evaluate(
+                    T.call_extern(
+                        "void",
+                        function,
+                        T.address_of(D[0, t * SIDE // cols, t * SIDE % cols]),
+                        ldd * dst_bytes,
+                        T.address_of(S[t * SIDE, 0]),
+                        lds * src_bytes,
+                    )
+                )
+            if last >= 0:
+                T.evaluate(
+                    T.call_extern(
+                        "void",
+                        function,
+                        T.address_of(D[0, last // cols, last % cols]),
+                        ldd * dst_bytes,
+                        T.address_of(S[last, 0]),
+                        lds * src_bytes,
+                    )
+                )
+            for p, c in T.grid(pixels if pixels < SIDE else 0, SIDE):
+                D[c, p // cols, p % cols] = T.Cast(dst, S[p, c]) if src != dst else S[p, c]
+
+    return desc, impl
+
+
+def _register(name: str, src: str, dst: str, make) -> tuple[str, str] | None:
+    """Register (once) the intrinsic ``make(function)`` of a ``src -> dst`` copy under
+    ``name``; return its name and the LLVM IR to import, or None when the elements are not 16
+    or 32 bits wide and of one dtype, or the copy does not round fp32 to bf16."""
+    bits = DataType(dst).bits * DataType(dst).lanes
+    to_bf16 = (src, dst) == ("float32", "bfloat16")
+    if bits not in BITS or (src != dst and not to_bf16):
+        return None
+    if TensorIntrin.get(name, allow_missing=True) is None:
+        TensorIntrin.register(name, *make(function_name(bits, to_bf16)))
+    return name, llvm_ir(bits, to_bf16)
+
+
+def rows_intrin(dtype: str, pixels: int) -> tuple[str, str] | None:
+    """The tensor intrinsic that copies 16 planes of ``pixels`` elements (rows of a 2-D
+    region) to ``pixels`` rows of 16 channels: whole 16 x 16 transposes, the last one
+    overlapping the one before when ``pixels`` is not a multiple of 16. Returns its name and
+    the LLVM IR to import, or None when ``dtype`` is not 16 or 32 bits wide."""
+    name = f"tvmamp_rows_{pixels}_{dtype}"
+    return _register(name, dtype, dtype, lambda f: _make_rows(dtype, pixels, f))
+
+
+def planes_intrin(src: str, dst: str, height: int, width: int) -> tuple[str, str] | None:
+    """The tensor intrinsic that writes ``height * width`` rows of 16 ``src`` channels as 16
+    ``dst`` NCHW planes ``[16, height, width]`` (transposed as :func:`rows_intrin`; fp32 rows
+    rounded to bf16 planes). Returns its name and the LLVM IR to import, or None when the
+    elements are not 16 or 32 bits wide and of one dtype, or the copy does not round fp32 to
+    bf16."""
+    name = f"tvmamp_planes_{height}x{width}_{src}_{dst}"
+    return _register(name, src, dst, lambda f: _make_planes(src, dst, height, width, f))
+
+
+__all__ = [
+    "BITS",
+    "SIDE",
+    "intrin_name",
+    "llvm_ir",
+    "planes_intrin",
+    "rows_intrin",
+    "transpose_intrin",
+]
