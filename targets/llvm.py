@@ -139,17 +139,19 @@ def partition_passes(target: tvm.target.Target, _policy) -> list:
     except the bf16 ones that the conv-to-GEMM pass runs as a GEMM plus col2im; and
     ``x @ W.T`` on a run-time bf16 weight (a training step) reads ``W`` in place. Low-precision
     NCHW depthwise convs left (not on rows) read their fp32 input without a cast kernel. 1-D
-    convolutions run as 2-D ones of height 1, on all of the above; a ``split`` feeding only
+    convolutions run as 2-D ones of height 1 and 3-D ones as 2-D ones over depth windows, on
+    all of the above; a ``split`` feeding only
     elementwise ops (an LSTM's gates) becomes slices that fuse with them."""
     from tvmamp.relay_passes.conv1d_as_conv2d import Conv1dAsConv2d
     from tvmamp.relay_passes.conv2d_to_gemm import Conv2dToGemm
+    from tvmamp.relay_passes.conv3d_as_conv2d import Conv3dAsConv2d
     from tvmamp.relay_passes.conv_transpose import ConvTransposeToSubPixel
     from tvmamp.relay_passes.depthwise_planes import DepthwisePlanes
     from tvmamp.relay_passes.fast_math import FastMath
     from tvmamp.relay_passes.split_to_slices import SplitToSlices
     from tvmamp.relay_passes.weight_transpose import FuseWeightTranspose
 
-    first = [Conv1dAsConv2d(), SplitToSlices()]
+    first = [Conv1dAsConv2d(), Conv3dAsConv2d(), SplitToSlices()]
     if not has_bf16(target):
         return [*first, ConvTransposeToSubPixel(), DepthwisePlanes(), FastMath()]
     gemm = Conv2dToGemm("bfloat16")

@@ -1,0 +1,63 @@
+"""Conv3dAsConv2d: 3-D convolutions as 2-D ones over folded depth windows."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import tvm
+from tolerances import assert_close, tolerance
+from tvm import relax
+from tvm.script import relax as R
+
+import tvmamp
+from tvmamp.relay_passes.conv3d_as_conv2d import Conv3dAsConv2d
+
+
+def _ops(mod) -> set[str]:
+    found = set()
+    relax.analysis.post_order_visit(
+        mod["main"], lambda e: found.add(e.op.name) if isinstance(e, relax.Call) else None
+    )
+    return found
+
+
+# (in, out, kernel, stride, padding, dilation, groups, input shape)
+CASES = [
+    (3, 8, 3, 1, (1, 2, 0), 1, 1, (2, 3, 6, 9, 8)),  # per-axis padding, batch 2
+    (8, 12, (3, 1, 3), (2, 1, 2), 1, (2, 1, 1), 4, (1, 8, 9, 7, 10)),  # grouped, dilated depth
+    (6, 6, 2, 2, 0, 1, 6, (1, 6, 4, 6, 6)),  # depthwise, stride 2
+    (19, 16, 3, 2, 1, 1, 1, (1, 19, 5, 12, 12)),  # odd channels, stride 2
+]
+
+
+@pytest.mark.parametrize("level", ["O0", "O2"])
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_conv3d_matches_torch(case, level):
+    cin, cout, k, s, p, d, g, shape = case
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv3d(cin, cout, k, s, p, d, g), torch.nn.ReLU()).eval()
+    x = torch.randn(shape)
+    with torch.no_grad():
+        ref = model(x).numpy()
+    mod, params = tvmamp.from_torch(model, (x,))
+    assert "relax.nn.conv3d" not in _ops(Conv3dAsConv2d()(mod))
+    exe = tvmamp.build(mod, level, "llvm", params=params)
+    out = exe.vm["main"](tvm.runtime.tensor(x.numpy(), exe.device)).numpy()
+    dtype = "float32" if level == "O0" else exe.policy.low_dtype
+    assert_close(out, ref, **tolerance(dtype, np.abs(ref).max()), what=f"{case} {level}")
+
+
+def test_dynamic_depth_is_left_alone():
+    @tvm.script.ir_module
+    class Dynamic:
+        @R.function
+        def main(
+            x: R.Tensor((1, 2, "d", 4, 4), "float32"), w: R.Tensor((3, 2, 3, 3, 3), "float32")
+        ):
+            with R.dataflow():
+                y = R.nn.conv3d(x, w, padding=1)
+                R.output(y)
+            return y
+
+    tvm.ir.assert_structural_equal(Conv3dAsConv2d()(Dynamic), Dynamic)
