@@ -11,6 +11,7 @@ from .torch_graph import (
     count_from_the_start_in_selects,
     drop_legacy_empty_cat_inputs,
     give_cumulative_ops_their_dtype,
+    give_group_norms_their_affine,
 )
 
 TRAIN_MODES = ("eval", "error")
@@ -177,6 +178,7 @@ def import_exported_program(program, custom_convert_map: Mapping | None = None):
     drop_legacy_empty_cat_inputs(program)
     give_cumulative_ops_their_dtype(program)
     count_from_the_start_in_selects(program)
+    give_group_norms_their_affine(program)
     calls = [n for n in program.graph.nodes if n.op == "call_function"]
     _refuse_train_ops(calls, program)
     known = set(ExportedProgramImporter().convert_map) | set(custom_convert_map or {})

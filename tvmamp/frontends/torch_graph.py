@@ -121,3 +121,35 @@ def count_from_the_start_in_selects(program) -> int:
     if changed:
         program.graph_module.recompile()
     return changed
+
+
+def give_group_norms_their_affine(program) -> int:
+    """Pass ones and zeros to ``native_group_norm`` calls without a weight or bias; return how
+    many calls changed.
+
+    ``GroupNorm(affine=False)`` exports its weight and bias as None, and TVM's importer emits a
+    ``group_norm`` with null arguments, which fails with "Found null pointer node while
+    traversing AST". A weight of ones and a bias of zeros compute the same.
+    """
+    import torch
+
+    graph, changed = program.graph, 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or _overload_name(node) != "native_group_norm.default":
+            continue
+        data, weight, bias, _, channels = node.args[:5]
+        if weight is not None and bias is not None:
+            continue
+        value = _value(data)
+        dtype = value.dtype if value is not None else torch.float32
+        with graph.inserting_before(node):
+            fill = {"dtype": dtype, "device": torch.device("cpu")}
+            if weight is None:
+                weight = graph.call_function(torch.ops.aten.ones.default, ([channels],), fill)
+            if bias is None:
+                bias = graph.call_function(torch.ops.aten.zeros.default, ([channels],), fill)
+        node.args = (data, weight, bias, *node.args[3:])
+        changed += 1
+    if changed:
+        program.graph_module.recompile()
+    return changed
