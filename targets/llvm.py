@@ -141,17 +141,19 @@ def partition_passes(target: tvm.target.Target, _policy) -> list:
     NCHW depthwise convs left (not on rows) read their fp32 input without a cast kernel. 1-D
     convolutions run as 2-D ones of height 1 and 3-D ones as 2-D ones over depth windows, on
     all of the above; a ``split`` feeding only
-    elementwise ops (an LSTM's gates) becomes slices that fuse with them."""
+    elementwise ops (an LSTM's gates) becomes slices that fuse with them, and a group norm an
+    instance norm of the tensor viewed by groups."""
     from tvmamp.relay_passes.conv1d_as_conv2d import Conv1dAsConv2d
     from tvmamp.relay_passes.conv2d_to_gemm import Conv2dToGemm
     from tvmamp.relay_passes.conv3d_as_conv2d import Conv3dAsConv2d
     from tvmamp.relay_passes.conv_transpose import ConvTransposeToSubPixel
     from tvmamp.relay_passes.depthwise_planes import DepthwisePlanes
     from tvmamp.relay_passes.fast_math import FastMath
+    from tvmamp.relay_passes.group_norm_as_instance_norm import GroupNormAsInstanceNorm
     from tvmamp.relay_passes.split_to_slices import SplitToSlices
     from tvmamp.relay_passes.weight_transpose import FuseWeightTranspose
 
-    first = [Conv1dAsConv2d(), Conv3dAsConv2d(), SplitToSlices()]
+    first = [Conv1dAsConv2d(), Conv3dAsConv2d(), SplitToSlices(), GroupNormAsInstanceNorm()]
     if not has_bf16(target):
         return [*first, ConvTransposeToSubPixel(), DepthwisePlanes(), FastMath()]
     gemm = Conv2dToGemm("bfloat16")
