@@ -132,17 +132,22 @@ def schedule_passes(target: tvm.target.Target) -> list:
 
 
 def partition_passes(target: tvm.target.Target, _policy) -> list:
-    """exp/erf/tanh/sigmoid/silu/gelu/softmax get vectorised polynomial kernels (fp32 too:
-    within 8 ulp, where TVM's libm calls run one scalar element at a time); with avx512_bf16,
-    bf16 convolutions become im2col + GEMM to run on the bf16 GEMM kernels. Strided transposed
-    convs become sub-pixel convs first (no multiply-adds on the zeros of a dilated input),
-    except the bf16 ones that the conv-to-GEMM pass runs as a GEMM plus col2im; and
-    ``x @ W.T`` on a run-time bf16 weight (a training step) reads ``W`` in place. Low-precision
-    NCHW depthwise convs left (not on rows) read their fp32 input without a cast kernel. 1-D
-    convolutions run as 2-D ones of height 1 and 3-D ones as 2-D ones over depth windows, on
-    all of the above; a ``split`` feeding only
-    elementwise ops (an LSTM's gates) becomes slices that fuse with them, and a group norm an
-    instance norm of the tensor viewed by groups."""
+    """The LLVM target's graph rewrites, in order:
+
+    - 1-D convolutions as 2-D ones of height 1, 3-D ones as 2-D ones over depth windows;
+    - a sequence cut into many slices (an unrolled GRU's steps) as one split, so that the
+      steps share one kernel; a split feeding only elementwise ops (an LSTM's gates) as slices
+      that fuse with them; a group norm as an instance norm of the tensor viewed by groups;
+    - strided transposed convs as sub-pixel convs (no multiply-adds on the zeros of a dilated
+      input), except the bf16 ones that the conv-to-GEMM pass runs as a GEMM plus col2im;
+    - with avx512_bf16: bf16 convolutions as im2col + GEMM on NHWC rows (the bf16 GEMM
+      kernels), and ``x @ W.T`` on a run-time bf16 weight (a training step) reading ``W`` in
+      place;
+    - low-precision NCHW depthwise convs left (not on rows) reading their fp32 input without a
+      cast kernel;
+    - last, exp/erf/tanh/sigmoid/silu/gelu/softmax as vectorised polynomial kernels (fp32 too:
+      within 8 ulp, where TVM's libm calls run one scalar element at a time); last, so that
+      the activations between convs are still ops the rows rewrite follows."""
     from tvmamp.relay_passes.conv1d_as_conv2d import Conv1dAsConv2d
     from tvmamp.relay_passes.conv2d_to_gemm import Conv2dToGemm
     from tvmamp.relay_passes.conv3d_as_conv2d import Conv3dAsConv2d
@@ -150,10 +155,12 @@ def partition_passes(target: tvm.target.Target, _policy) -> list:
     from tvmamp.relay_passes.depthwise_planes import DepthwisePlanes
     from tvmamp.relay_passes.fast_math import FastMath
     from tvmamp.relay_passes.group_norm_as_instance_norm import GroupNormAsInstanceNorm
+    from tvmamp.relay_passes.slices_to_split import SlicesToSplit
     from tvmamp.relay_passes.split_to_slices import SplitToSlices
     from tvmamp.relay_passes.weight_transpose import FuseWeightTranspose
 
-    first = [Conv1dAsConv2d(), Conv3dAsConv2d(), SplitToSlices(), GroupNormAsInstanceNorm()]
+    first = [Conv1dAsConv2d(), Conv3dAsConv2d(), SlicesToSplit(), SplitToSlices()]
+    first.append(GroupNormAsInstanceNorm())
     if not has_bf16(target):
         return [*first, ConvTransposeToSubPixel(), DepthwisePlanes(), FastMath()]
     gemm = Conv2dToGemm("bfloat16")
