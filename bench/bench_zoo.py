@@ -39,7 +39,11 @@ import time
 from collections import deque
 from pathlib import Path
 
+from zoo_families import FAMILIES
 from zoo_models import ZOO  # bench/ is on sys.path when run as a script
+
+# Every model bench_zoo runs: the zoo, and the op-family models (``--models families``).
+MODELS = {**ZOO, **FAMILIES}
 
 HERE = Path(__file__).resolve().parent
 SECTIONS = {True: "check", False: "timing"}
@@ -147,7 +151,7 @@ def worker(args) -> None:
 
     ev = Events(args.events)
     torch.set_num_threads(args.threads)
-    entry = ZOO[args.model]
+    entry = MODELS[args.model]
     ev.emit("step", step="torch model")
     model = entry.build()
     inputs = [entry.inputs(100 + i) for i in range(args.inputs)]
@@ -583,7 +587,14 @@ def parse_args(argv=None):
     """Command line of the parent and of the worker."""
     cpus = os.cpu_count() or 1
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--models", default=",".join(ZOO), help="comma-separated: " + ",".join(ZOO))
+    p.add_argument(
+        "--models",
+        default=",".join(ZOO),
+        help="comma-separated: "
+        + ",".join(MODELS)
+        + "; 'families' for all of "
+        + ",".join(FAMILIES),
+    )
     p.add_argument("--levels", default="O0,O1,O2")
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
     p.add_argument("--threads", default=",".join(dict.fromkeys(["1", str(cpus)])))
@@ -628,9 +639,12 @@ def main() -> None:
 def sweep(args) -> tuple[dict, dict]:
     """Every model at every thread count; the raw results are saved as they come."""
     names = [n.strip() for n in args.models.split(",") if n.strip()]
-    unknown = [n for n in names if n not in ZOO]
+    names = [m for n in names for m in (FAMILIES if n == "families" else [n])]
+    unknown = [n for n in names if n not in MODELS]
     if unknown:
-        raise ValueError(f"bench_zoo: models {unknown} are not in the zoo: {', '.join(ZOO)}")
+        raise ValueError(
+            f"bench_zoo: models {unknown} are not in the zoo: {', '.join(MODELS)} (or families)"
+        )
     threads = [int(t) for t in args.threads.split(",")]
     if args.check_only:
         threads = threads[:1]
