@@ -190,13 +190,15 @@ class LastStep(torch.nn.Module):
 
     def forward(self, x):
         y, _ = self.gru(x)
-        return y[:, -1] * 2 + x[-1, -2].sum() + y[..., -3].mean()
+        picked = y[:, [-1, 0]].sum(1) + x[[-1, 1]].sum((0, 2)).mean()  # negative index tensors
+        return y[:, -1] * 2 + x[-1, -2].sum() + y[..., -3].mean() + picked
 
 
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic batch"])
 def test_negative_select_reads_from_the_end(rng, dynamic):
-    """TVM's importer made ``select(x, 1, -1)`` a ``take(x, -1, mode="fast")``, which reads
-    before the tensor: the GRU classifier's output was whatever memory lay there (3.6e33)."""
+    """TVM's importer made ``select(x, 1, -1)`` and ``x[:, [-1, 0]]`` a ``take`` in "fast" mode
+    with index -1, which reads before the tensor: the GRU classifier's output was whatever
+    memory lay there (3.6e33)."""
     torch.manual_seed(0)
     model = LastStep().eval()
     x = rng.standard_normal((3, 5, 6)).astype("float32")

@@ -12,6 +12,7 @@ from .torch_graph import (
     drop_legacy_empty_cat_inputs,
     give_cumulative_ops_their_dtype,
     give_group_norms_their_affine,
+    wrap_negative_index_tensors,
 )
 
 TRAIN_MODES = ("eval", "error")
@@ -178,6 +179,7 @@ def import_exported_program(program, custom_convert_map: Mapping | None = None):
     drop_legacy_empty_cat_inputs(program)
     give_cumulative_ops_their_dtype(program)
     count_from_the_start_in_selects(program)
+    wrap_negative_index_tensors(program)
     give_group_norms_their_affine(program)
     calls = [n for n in program.graph.nodes if n.op == "call_function"]
     _refuse_train_ops(calls, program)

@@ -153,3 +153,49 @@ def give_group_norms_their_affine(program) -> int:
     if changed:
         program.graph_module.recompile()
     return changed
+
+
+def wrap_negative_index_tensors(program) -> int:
+    """Make the integer index tensors of ``aten.index.Tensor`` non-negative; return how many.
+
+    ``x[:, [-1, 0]]`` indexes with a tensor holding -1; TVM's importer makes it a ``take`` in
+    "fast" mode, which reads before the tensor (silently wrong, as for ``select``). Each index
+    tensor along a dimension of size ``n`` becomes ``where(i < 0, i + n, i)``, so run-time
+    indices are handled too; along a symbolic dimension (a dynamic batch) ``n`` is its
+    ``sym_size``.
+    """
+    import torch
+
+    aten, graph, changed = torch.ops.aten, program.graph, 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or _overload_name(node) != "index.Tensor":
+            continue
+        source, indices = node.args[0], list(node.args[1])
+        value = _value(source)
+        if value is None:
+            continue
+        for dim, index in enumerate(indices):
+            index_value = _value(index) if index is not None else None
+            size = value.shape[dim] if dim < value.dim() else None
+            if (
+                index_value is None
+                or index_value.dtype.is_floating_point
+                or index_value.dtype == torch.bool
+            ):
+                continue
+            with graph.inserting_before(node):
+                if not isinstance(size, int):  # a symbolic dimension (a dynamic batch)
+                    size = graph.call_function(aten.sym_size.int, (source, dim))
+                    size.meta["val"] = value.shape[dim]
+                negative = graph.call_function(aten.lt.Scalar, (index, 0))
+                shifted = graph.call_function(aten.add.Tensor, (index, size))
+                wrapped = graph.call_function(aten.where.self, (negative, shifted, index))
+            negative.meta["val"] = index_value < 0
+            shifted.meta["val"] = index_value  # same shape and dtype
+            wrapped.meta["val"] = index_value
+            indices[dim] = wrapped
+            changed += 1
+        node.args = (source, indices, *node.args[2:])
+    if changed:
+        program.graph_module.recompile()
+    return changed
