@@ -114,6 +114,24 @@ def _bf16_gemm(sch: s_tir.Schedule) -> SBlockRV | None:
     return main if main is not None and is_bf16_matmul(sch.get(main)) else None
 
 
+def shared_operands(sch: s_tir.Schedule, main: SBlockRV) -> frozenset[int]:
+    """The operands of ``main`` (0: ``A``, 1: ``B``) that another block also reads.
+
+    An operand whose packing or padded copy is split out of the kernel is replaced by it among
+    the kernel's parameters, so another reader (``x + x @ w``, torch's ``baddbmm(x, x, ...)``)
+    would be left without it ("Buffer lv is used before its definition" when lowered):
+    :func:`prepare` refuses to split such an operand.
+    """
+    operands = [r.source for r in sch.get(main).reads]
+    shared = set()
+    for block in sch.get_child_blocks(get_root_block(sch)):
+        if sch.get(block).same_as(sch.get(main)):
+            continue
+        for read in sch.get(block).reads:
+            shared.update(i for i, buf in enumerate(operands) if buf.same_as(read.source))
+    return frozenset(shared)
+
+
 def find_gemm(sch: s_tir.Schedule) -> SBlockRV | None:
     """Return the gemm block this rule schedules: that of a matmul or of a conv GEMM kernel.
 
@@ -182,15 +200,18 @@ def schedule_matmul(
 ) -> None:
     """Pack, pad, tile and tensorize the bf16 gemm block ``main`` in place."""
     a_contiguous = k_is_innermost(sch.get(main), 0)
+    shared = shared_operands(sch, main)
     normalize(sch, main)
     extents = [int(iv.dom.extent) for iv in sch.get(main).iter_vars]
     if use_amx(target, extents, config):
         plan = amx.make_plan(extents, config.amx_n_block, config.amx_k_block)
-        prepare(sch, main, target, amx.padding(plan), a_contiguous, pack_a=amx.pack_tiles)
+        prepare(
+            sch, main, target, amx.padding(plan), a_contiguous, pack_a=amx.pack_tiles, shared=shared
+        )
         amx.schedule(sch, main, target, plan)
         return
     plan = make_plan(extents, config)
-    prepare(sch, main, target, plan.padding, a_contiguous)
+    prepare(sch, main, target, plan.padding, a_contiguous, shared=shared)
     outer, row_tile, k_outer, lanes = _tile(sch, main, plan)
     acc = sch.cache_write(main, 0, "local")
     sch.reverse_compute_at(acc, row_tile, preserve_unit_loops=True)
@@ -216,15 +237,19 @@ def prepare(
     padding: list[int],
     a_contiguous: bool,
     pack_a=None,
+    shared: frozenset[int] = frozenset(),
 ) -> list[int]:
     """Pad the normalised block ``main`` by ``padding`` and pack ``B`` into pairs.
 
     ``A`` is read in place when it is K-contiguous and needs no padding; otherwise a padded
     copy is made by an activation pre-processing block. ``pack_a(sch, block)``, if given,
     always packs ``A`` in that block instead (the AMX tile layout). A producer of ``A`` (the
-    im2col gather of a conv) is inlined into that copy, which then is the only one. Returns the
-    padded extents.
+    im2col gather of a conv) is inlined into that copy, which then is the only one. An operand
+    in ``shared`` (:func:`shared_operands`) that would be copied or packed raises
+    NotApplicable. Returns the padded extents.
     """
+    if 1 in shared:
+        raise NotApplicable("another block reads B, whose packing would replace it")
     extents = [int(iv.dom.extent) for iv in sch.get(main).iter_vars]
     if any(e % p for e, p in zip(extents, padding, strict=True)):
         sch.pad_einsum(main, padding)
@@ -234,16 +259,20 @@ def prepare(
         auto_inline_producers(sch, block)
         if not reads_only_params(sch, block):
             raise NotApplicable("a packed operand is computed inside the kernel")
+    in_place = (
+        pack_a is None
+        and a_contiguous
+        and not gathered
+        and extents[1] % padding[1] == 0
+        and extents[3] % padding[3] == 0
+    )
+    if 0 in shared and not in_place:
+        raise NotApplicable("another block reads A, whose padded copy would replace it")
     if pack_a is not None:
         pack_a(sch, reindex_a)
         _parallel_outer(sch, reindex_a, target)
         mark_preproc(sch, reindex_a, weight=False)
-    elif (
-        a_contiguous
-        and not gathered
-        and extents[1] % padding[1] == 0
-        and extents[3] % padding[3] == 0
-    ):
+    elif in_place:
         sch.compute_inline(reindex_a)
     else:
         _copy_rows(sch, reindex_a, target)

@@ -192,3 +192,39 @@ def test_a_blockless_kernel_beside_packed_weights_builds(target, _asm, flag, rng
     y, c = exe(xs, ms)
     np.testing.assert_array_equal(c, np.cumsum(ms, axis=1))
     np.testing.assert_allclose(y, xs @ weight, rtol=2e-2, atol=2e-2 * np.abs(xs @ weight).mean())
+
+
+@pytest.mark.parametrize("shape", [(2, 5, 5), (3, 33, 20), (128, 512)], ids=str)
+def test_an_operand_the_epilogue_also_reads(shape):
+    """``x + x @ w`` and torch's ``baddbmm(x, x, x.T)``: the epilogue reads the GEMM's own
+    operand. A padded copy of it split out of the kernel replaced it among the parameters, and
+    lowering failed ("Buffer lv is used before its definition"); such an operand is now read in
+    place when it can be, and the rule declines otherwise."""
+    torch = pytest.importorskip("torch")
+    import re
+
+    import tvmamp
+
+    class Residual(torch.nn.Module):
+        def __init__(self, width):
+            super().__init__()
+            self.lin = torch.nn.Linear(width, width)
+
+        def forward(self, x):
+            if x.dim() == 3:
+                n = x.shape[-1]
+                return torch.baddbmm(x[:, :, :n], x, x.transpose(1, 2)[:, :, :n])
+            return x + self.lin(x)
+
+    torch.manual_seed(0)
+    model = Residual(shape[-1]).eval()
+    x = torch.randn(shape)
+    mod, params = tvmamp.from_torch(model, (x,))
+    exe = tvmamp.build(mod, "O2", "llvm -num-cores=1", params=params)
+    with torch.no_grad():
+        ref = model(x).numpy()
+    out = exe(x.numpy())
+    np.testing.assert_allclose(out, ref, rtol=2e-2, atol=2e-2 * np.abs(ref).max())
+    if len(shape) == 2 and "avx512_bf16" in _host_flags():
+        names = re.findall(r"@(\w+)", exe.vm_exec.as_text())
+        assert any(n.endswith("_prepacked") for n in names), names  # still the bf16 kernel
