@@ -206,3 +206,27 @@ def test_negative_select_reads_from_the_end(rng, dynamic):
     exe = tvmamp.build(mod, "O0", TARGET, params=params)
     for batch in (3, 2) if dynamic else (3,):
         np.testing.assert_allclose(exe(x[:batch]), _eager(model, x[:batch]), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "mode, padding, corners",
+    [("bilinear", "zeros", False), ("nearest", "border", True), ("bilinear", "reflection", False)],
+)
+def test_grid_sample_reads_torch_grid_layout(rng, mode, padding, corners):
+    """torch's grid is [N, H, W, 2]; TVM's importer passed it to a grid_sample that reads
+    [N, 2, H, W], and the result came out [N, C, W, 2], silently."""
+
+    class Warp(torch.nn.Module):
+        def forward(self, x, grid):
+            return torch.nn.functional.grid_sample(
+                x, grid, mode=mode, padding_mode=padding, align_corners=corners
+            )
+
+    x = rng.standard_normal((2, 3, 6, 7)).astype("float32")
+    grid = rng.uniform(-1.2, 1.2, (2, 4, 5, 2)).astype("float32")
+    mod, params = from_torch(Warp(), (x, grid))
+    out = tvmamp.build(mod, "O0", TARGET, params=params)(x, grid)
+    with torch.no_grad():
+        want = Warp()(torch.from_numpy(x), torch.from_numpy(grid)).numpy()
+    assert out.shape == want.shape
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)

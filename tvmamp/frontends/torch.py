@@ -12,6 +12,7 @@ from .torch_graph import (
     drop_legacy_empty_cat_inputs,
     give_cumulative_ops_their_dtype,
     give_group_norms_their_affine,
+    put_grid_channels_first,
     wrap_negative_index_tensors,
 )
 
@@ -181,6 +182,7 @@ def import_exported_program(program, custom_convert_map: Mapping | None = None):
     count_from_the_start_in_selects(program)
     wrap_negative_index_tensors(program)
     give_group_norms_their_affine(program)
+    put_grid_channels_first(program)
     calls = [n for n in program.graph.nodes if n.op == "call_function"]
     _refuse_train_ops(calls, program)
     known = set(ExportedProgramImporter().convert_map) | set(custom_convert_map or {})

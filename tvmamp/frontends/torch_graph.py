@@ -199,3 +199,30 @@ def wrap_negative_index_tensors(program) -> int:
     if changed:
         program.graph_module.recompile()
     return changed
+
+
+def put_grid_channels_first(program) -> int:
+    """Give ``grid_sampler_2d`` its grid as ``[N, 2, H, W]``; return how many calls changed.
+
+    torch's grid is ``[N, H, W, 2]``; TVM's importer passes it as it is to
+    ``relax.op.image.grid_sample``, which reads ``[N, 2, H, W]``: the result had the shape
+    ``[N, C, W, 2]``, silently. A ``permute(grid, [0, 3, 1, 2])`` makes the two agree.
+    """
+    import torch
+
+    graph, changed = program.graph, 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or _overload_name(node) != "grid_sampler_2d.default":
+            continue
+        grid = node.args[1]
+        value = _value(grid)
+        if value is None or value.dim() != 4:
+            continue
+        with graph.inserting_before(node):
+            moved = graph.call_function(torch.ops.aten.permute.default, (grid, [0, 3, 1, 2]))
+        moved.meta["val"] = value.permute(0, 3, 1, 2)
+        node.args = (node.args[0], moved, *node.args[2:])
+        changed += 1
+    if changed:
+        program.graph_module.recompile()
+    return changed
