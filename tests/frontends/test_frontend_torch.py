@@ -230,3 +230,19 @@ def test_grid_sample_reads_torch_grid_layout(rng, mode, padding, corners):
         want = Warp()(torch.from_numpy(x), torch.from_numpy(grid)).numpy()
     assert out.shape == want.shape
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("resize", [{"size": (7, 9)}, {"size": (3, 4)}, {"scale_factor": (3, 2)}])
+def test_nearest_interpolation_picks_torch_pixels(rng, resize):
+    """torch's "nearest" takes pixel floor(dst * in / out); TVM's importer used half-pixel
+    centres and rounding (torch's "nearest-exact"), so a 5 x 6 image resized to 7 x 9 differed
+    in most pixels, silently."""
+
+    class Resize(torch.nn.Module):
+        def forward(self, x):
+            return torch.nn.functional.interpolate(x, mode="nearest", **resize)
+
+    x = rng.standard_normal((1, 2, 5, 6)).astype("float32")
+    mod, params = from_torch(Resize(), (x,))
+    out = tvmamp.build(mod, "O0", TARGET, params=params)(x)
+    np.testing.assert_array_equal(out, _eager(Resize(), x))

@@ -170,6 +170,39 @@ def _eval_mode(torch, module, train_mode: str):
             m.train(was_training)
 
 
+def _upsample_nearest(node, importer):
+    """torch's ``mode="nearest"``: the source pixel is ``floor(dst * in / out)``.
+
+    TVM's importer emits half-pixel centres and rounding, which is torch's "nearest-exact":
+    the two pick different pixels whenever ``out / in`` is not an integer (a 5 x 6 image resized
+    to 7 x 9 differed in most pixels, silently). With ``scale_factor`` and ``in * scale`` not an
+    integer, torch steps by ``1 / scale`` where this steps by ``in / out``: a one-pixel
+    difference at some positions remains.
+    """
+    from tvm import relax
+
+    x = importer.env[node.args[0]]
+    size = node.args[1] if len(node.args) > 1 else node.kwargs.get("output_size")
+    scales = node.args[2] if len(node.args) > 2 else node.kwargs.get("scale_factors")
+    if not size:
+        dims = importer.shape_of(x)
+        scales = scales if isinstance(scales, (list, tuple)) else [scales, scales]
+        size = [int(int(dims[2 + i]) * float(s)) for i, s in enumerate(scales)]
+    resize = relax.op.image.resize2d(
+        x,
+        [int(d) for d in size],
+        layout="NCHW",
+        method="nearest_neighbor",
+        coordinate_transformation_mode="asymmetric",
+        rounding_method="floor",
+    )
+    return importer.block_builder.emit(resize)
+
+
+# tvmamp's converters for ops TVM's importer translates wrongly (custom_convert_map format).
+CONVERTERS = {"upsample_nearest2d.vec": _upsample_nearest}
+
+
 def import_exported_program(program, custom_convert_map: Mapping | None = None):
     """Import an ExportedProgram: returns ``(mod, params)`` as :func:`from_torch` does."""
     from tvm.relax.frontend.torch import from_exported_program
@@ -185,7 +218,8 @@ def import_exported_program(program, custom_convert_map: Mapping | None = None):
     put_grid_channels_first(program)
     calls = [n for n in program.graph.nodes if n.op == "call_function"]
     _refuse_train_ops(calls, program)
-    known = set(ExportedProgramImporter().convert_map) | set(custom_convert_map or {})
+    converters = {**CONVERTERS, **(custom_convert_map or {})}
+    known = set(ExportedProgramImporter().convert_map) | set(converters)
     missing = sorted({str(n.target) for n in calls if n.target.__name__ not in known})
     if missing:
         raise UnsupportedOperatorError(
@@ -197,7 +231,7 @@ def import_exported_program(program, custom_convert_map: Mapping | None = None):
         program,
         keep_params_as_input=True,
         unwrap_unit_return_tuple=True,
-        custom_convert_map=dict(custom_convert_map) if custom_convert_map else None,
+        custom_convert_map=converters,
         run_ep_decomposition=False,
     )
     values = list(mod["main"].attrs["params"]) if "params" in mod["main"].attrs else []
