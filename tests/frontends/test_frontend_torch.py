@@ -246,3 +246,16 @@ def test_nearest_interpolation_picks_torch_pixels(rng, resize):
     mod, params = from_torch(Resize(), (x,))
     out = tvmamp.build(mod, "O0", TARGET, params=params)(x)
     np.testing.assert_array_equal(out, _eager(Resize(), x))
+
+
+def test_nearest_interpolation_with_a_dynamic_batch(rng):
+    class Double(torch.nn.Module):
+        def forward(self, x):
+            return torch.nn.functional.interpolate(x, mode="nearest", scale_factor=2)
+
+    x = rng.standard_normal((2, 2, 5, 6)).astype("float32")
+    mod, params = from_torch(Double(), (x,), dynamic_batch=True)
+    exe = tvmamp.build(mod, "O0", TARGET, params=params)
+    for batch in (2, 3):
+        xb = rng.standard_normal((batch, 2, 5, 6)).astype("float32")
+        np.testing.assert_array_equal(exe(xb), _eager(Double(), xb))

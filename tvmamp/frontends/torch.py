@@ -179,6 +179,7 @@ def _upsample_nearest(node, importer):
     integer, torch steps by ``1 / scale`` where this steps by ``in / out``: a one-pixel
     difference at some positions remains.
     """
+    import tvm
     from tvm import relax
 
     x = importer.env[node.args[0]]
@@ -186,6 +187,8 @@ def _upsample_nearest(node, importer):
     scales = node.args[2] if len(node.args) > 2 else node.kwargs.get("scale_factors")
     if not size:
         dims = importer.shape_of(x)
+        if not all(isinstance(dims[i], tvm.tirx.IntImm) for i in range(2, len(dims))):
+            return importer._upsample_nearest2d(node)  # symbolic sizes: TVM's own conversion
         scales = scales if isinstance(scales, (list, tuple)) else [scales, scales]
         size = [int(int(dims[2 + i]) * float(s)) for i, s in enumerate(scales)]
     resize = relax.op.image.resize2d(
