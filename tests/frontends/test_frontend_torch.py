@@ -259,3 +259,17 @@ def test_nearest_interpolation_with_a_dynamic_batch(rng):
     for batch in (2, 3):
         xb = rng.standard_normal((batch, 2, 5, 6)).astype("float32")
         np.testing.assert_array_equal(exe(xb), _eager(Double(), xb))
+
+
+def test_logsumexp_amax_and_amin_import(rng):
+    """torch.logsumexp decomposes into aten.amax, which TVM's importer lacks."""
+
+    class Extremes(torch.nn.Module):
+        def forward(self, x):
+            lse = torch.logsumexp(x * 30, -1)
+            return lse + torch.amin(x, (0, 1)).sum() + x.amax(dim=1, keepdim=True).sum() + x.amax()
+
+    x = rng.standard_normal((3, 4, 5)).astype("float32")
+    mod, params = from_torch(Extremes(), (x,))
+    out = tvmamp.build(mod, "O0", TARGET, params=params)(x)
+    np.testing.assert_allclose(out, _eager(Extremes(), x), rtol=1e-5, atol=1e-5)

@@ -202,8 +202,34 @@ def _upsample_nearest(node, importer):
     return importer.block_builder.emit(resize)
 
 
-# tvmamp's converters for ops TVM's importer translates wrongly (custom_convert_map format).
-CONVERTERS = {"upsample_nearest2d.vec": _upsample_nearest}
+def _extremum(reduce):
+    """A converter of ``aten.amax``/``amin(x, dim=(), keepdim=False)``: ``reduce`` over ``dim``
+    (every axis when it is empty, as in torch). TVM's importer has none, so ``torch.logsumexp``
+    (which decomposes into ``amax``) could not be imported."""
+
+    def convert(node, importer):
+        x = importer.env[node.args[0]]
+        dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", ())
+        keep = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
+        axes = [int(d) for d in dims] if dims else None
+        return importer.block_builder.emit(reduce(x, axis=axes, keepdims=bool(keep)))
+
+    return convert
+
+
+def _converters() -> dict:
+    from tvm import relax
+
+    return {
+        "upsample_nearest2d.vec": _upsample_nearest,
+        "amax.default": _extremum(relax.op.max),
+        "amin.default": _extremum(relax.op.min),
+    }
+
+
+# tvmamp's converters for ops TVM's importer lacks or translates wrongly (custom_convert_map
+# format); a user's custom_convert_map overrides them.
+CONVERTERS = _converters()
 
 
 def import_exported_program(program, custom_convert_map: Mapping | None = None):
