@@ -15,3 +15,29 @@ def unary_module(op, shape, dtype: str = "float32") -> tvm.IRModule:
             out = bb.emit_output(op(x))
         bb.emit_func_output(out)
     return bb.get()
+
+
+def depthwise_model(case):
+    """A seeded depthwise conv + bias + ReLU in torch, and the same as Relax with constants.
+
+    ``case`` is ``(input NCHW shape, kernel, stride, padding, dilation)``; returns
+    ``(torch module, tvm.IRModule)``.
+    """
+    import torch
+
+    shape, k, s, p, d = case
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(shape[1], shape[1], k, s, p, dilation=d, groups=shape[1])
+    model = torch.nn.Sequential(conv, torch.nn.ReLU()).eval()
+    weight = relax.const(conv.weight.detach().numpy())
+    bias = relax.const(conv.bias.detach().numpy().reshape(1, -1, 1, 1))
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(shape, "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(
+                relax.op.nn.conv2d(x, weight, strides=s, padding=p, dilation=d, groups=shape[1])
+            )
+            out = bb.emit_output(relax.op.nn.relu(relax.op.add(y, bias)))
+        bb.emit_func_output(out)
+    return model, bb.get()

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 import tvm
+from relax_modules import depthwise_model
 from tvm import relax, s_tir, tirx
 
 import tvmamp
@@ -27,26 +28,6 @@ CASES = {
     "direct_columns": ((1, 9, 8, 16), 3, 1, 1, 1),  # rows of 16: the columns tiling
 }
 LEVEL = {"float32": "O0", "bfloat16": "O2", "float16": "O2"}
-
-
-def depthwise_model(case) -> tuple[torch.nn.Module, tvm.IRModule]:
-    """A seeded depthwise conv + bias + ReLU in torch, and the same as Relax with constants."""
-    shape, k, s, p, d = case
-    torch.manual_seed(0)
-    conv = torch.nn.Conv2d(shape[1], shape[1], k, s, p, dilation=d, groups=shape[1])
-    model = torch.nn.Sequential(conv, torch.nn.ReLU()).eval()
-    weight = relax.const(conv.weight.detach().numpy())
-    bias = relax.const(conv.bias.detach().numpy().reshape(1, -1, 1, 1))
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType(shape, "float32"))
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            y = bb.emit(
-                relax.op.nn.conv2d(x, weight, strides=s, padding=p, dilation=d, groups=shape[1])
-            )
-            out = bb.emit_output(relax.op.nn.relu(relax.op.add(y, bias)))
-        bb.emit_func_output(out)
-    return model, bb.get()
 
 
 def geometry(shape, k=3, s=1, p=1) -> Geometry:
