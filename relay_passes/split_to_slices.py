@@ -21,35 +21,15 @@ import tvm
 from tvm import relax
 from tvm.relax import PyExprMutator
 
+from .conv2d_rows import BINARY_OPS, UNARY_OPS
+
 _SPLIT = tvm.ir.Op.get("relax.split")
 # Gates (an LSTM's 4, a GLU's 2); more parts are a sequence's steps (see the module docstring).
 MAX_PARTS = 4
-ELEMENTWISE = frozenset(
+# The elementwise ops the rows rewrite follows, and a few more that read one value per element.
+ELEMENTWISE = frozenset(UNARY_OPS + BINARY_OPS) | frozenset(
     tvm.ir.Op.get(f"relax.{name}")
-    for name in (
-        "add",
-        "subtract",
-        "multiply",
-        "divide",
-        "maximum",
-        "minimum",
-        "power",
-        "negative",
-        "abs",
-        "exp",
-        "sqrt",
-        "rsqrt",
-        "erf",
-        "sigmoid",
-        "tanh",
-        "clip",
-        "astype",
-        "nn.relu",
-        "nn.gelu",
-        "nn.gelu_tanh",
-        "nn.silu",
-        "nn.leakyrelu",
-    )
+    for name in ("power", "negative", "abs", "exp", "sqrt", "rsqrt", "erf")
 )
 
 
