@@ -10,8 +10,12 @@ NCHW kernels by a cost estimate (:func:`plane_cycles`, :func:`groups_cycles`):
 * *planes* (:func:`planes_conv`): each channel plane is copied, padded, to a flat buffer of rows
   of ``Wq`` columns, and the output is computed over the flat index ``q = y*Wq + x``, so a tap
   is one contiguous vector load at ``q + (ky*Wq + kx)`` whatever the output width; the
-  ``Wq - OW`` columns past each output row are computed and dropped. Stride-1 convs only;
-  ``tvmamp.schedules.cpu.depthwise_planes`` schedules it;
+  ``Wq - OW`` columns past each output row are computed and dropped.
+  ``tvmamp.schedules.cpu.depthwise_planes`` schedules it. A stride-2 conv of an fp32 input
+  of even width is split into its four polyphase planes (even/odd rows x even/odd columns),
+  in each of which the conv is stride 1: the copy reads the input as pairs of columns (a
+  ``uint64`` view) and takes each pair's low or high half, so that it stays one contiguous
+  vector load where an element-strided load would be a gather;
 * *direct* (:func:`direct_conv`): TOPI's grouped conv with the cast in its padding block, which
   ``CPUConv2d`` schedules as any depthwise conv (channels or columns vectorised).
 
@@ -21,7 +25,7 @@ The epilogue (bias, activation, casts) is fused into either kernel by ``FuseOps`
 from __future__ import annotations
 
 import tvm
-from tvm import relax, te, tirx
+from tvm import DataType, relax, te, tirx
 from tvm.relax import PyExprMutator
 
 from tvmamp.tensors import static_shape
@@ -32,6 +36,9 @@ _CONV = tvm.ir.Op.get("relax.nn.conv2d")
 _ASTYPE = tvm.ir.Op.get("relax.astype")
 # Block annotation of the planes kernel's reduction: the row pitch ``Wq`` of its flat planes.
 PLANES_ATTR = "tvmamp.depthwise_planes"
+# Block annotation of its staging copy: ``(first row, rows, first column, columns)`` of each
+# (phase) plane that hold input in every phase, so that the schedule copies them unchecked.
+INTERIOR_ATTR = "tvmamp.depthwise_planes.interior"
 # Vector lanes the planes kernel pads its flat output to (fp32 on AVX-512).
 _LANES = 16
 # Cycle estimates (Zen5, one thread, fp32 accumulation), see plane_cycles and groups_cycles.
@@ -108,7 +115,8 @@ def plane_cycles(g: Geometry) -> float:
     """
     pitch, length, rows = plane_layout(g)
     fmas = g.kh * g.kw * length // _LANES
-    return g.n * g.c * (fmas + _ROW_CYCLES * (rows + g.out_h) + _PLANE_OVERHEAD)
+    staged = rows * g.stride[0] * g.stride[1]  # rows of all phase planes
+    return g.n * g.c * (fmas + _ROW_CYCLES * (staged + g.out_h) + _PLANE_OVERHEAD)
 
 
 def groups_cycles(g: Geometry) -> float:
@@ -125,21 +133,51 @@ def groups_cycles(g: Geometry) -> float:
 
 def plane_layout(g: Geometry) -> tuple[int, int, int]:
     """``(Wq, L, rows)`` of the planes kernel: the row pitch, the flat output length (whole
-    vectors) and the rows of a flat input plane (enough for every tap of that output)."""
-    pitch = g.w + g.pad[1] + g.pad[3]
+    vectors) and the rows of a flat input plane (enough for every tap of that output); of each
+    polyphase plane for stride 2."""
+    s = g.stride[0]
+    pitch = -(-(g.w + g.pad[1] + g.pad[3]) // s)
     length = -(-(g.out_h * pitch) // _LANES) * _LANES
-    reach = (g.kh - 1) * g.dilation[0] * pitch + (g.kw - 1) * g.dilation[1]
+    reach = (g.kh - 1) // s * g.dilation[0] * pitch + (g.kw - 1) // s * g.dilation[1]
     return pitch, length, -(-(length + reach) // pitch)
 
 
-def uses_planes(g: Geometry) -> bool:
-    """Whether the planes kernel runs ``g``: stride 1, output rows that the direct conv cannot
-    vectorise (``CPUConv2d`` runs rows with a power-of-two factor of at least
-    :data:`_COLUMN_VECTOR` columns as whole vectors of columns, which is faster: 0.085 against
-    0.112 ms for 144 x 56 x 56 on Zen5), and estimated faster than the direct conv
-    vectorised over channels."""
+def plane_interior(g: Geometry) -> tuple[int, int, int, int]:
+    """``(first row, rows, first column, columns)`` of the staged planes (each polyphase plane
+    for stride 2) that hold input in every phase (:data:`INTERIOR_ATTR`)."""
+    pitch, _, rows = plane_layout(g)
+    s = g.stride[0]
+
+    def interior(pad: int, size: int, extent: int) -> tuple[int, int]:
+        first = max(-(-(pad - p) // s) for p in range(s))
+        end = min((size - 1 + pad - p) // s + 1 for p in range(s))
+        first, end = min(max(first, 0), extent), min(max(end, 0), extent)
+        return first, max(end - first, 0)
+
+    return (*interior(g.pad[0], g.h, rows), *interior(g.pad[1], g.w, pitch))
+
+
+def uses_planes(g: Geometry, source_dtype: str = "float32") -> bool:
+    """Whether the planes kernel runs ``g`` (input read as ``source_dtype``).
+
+    Stride 1: when the output rows are ones that the direct conv cannot vectorise
+    (``CPUConv2d`` runs rows with a power-of-two factor of at least :data:`_COLUMN_VECTOR`
+    columns as whole vectors of columns, which is faster: 0.085 against 0.112 ms for
+    144 x 56 x 56 on Zen5), and estimated faster than the direct conv vectorised over
+    channels. Stride 2 (:func:`strided_planes`): always, where the input allows it; the
+    direct conv's strided taps are gathers."""
+    if strided_planes(g, source_dtype):
+        return True
     columns = g.out_w & -g.out_w >= _COLUMN_VECTOR
     return g.stride == (1, 1) and not columns and plane_cycles(g) < groups_cycles(g)
+
+
+def strided_planes(g: Geometry, source_dtype: str) -> bool:
+    """Whether the planes kernel runs ``g`` on polyphase planes: stride 2 both ways, no
+    dilation, an fp32 input (read as ``uint64`` pairs of columns) of even width."""
+    return (
+        g.stride == (2, 2) and g.dilation == (1, 1) and source_dtype == "float32" and g.w % 2 == 0
+    )
 
 
 def _inside(g: Geometry, y, x) -> tirx.PrimExpr:
@@ -147,27 +185,39 @@ def _inside(g: Geometry, y, x) -> tirx.PrimExpr:
 
 
 def planes_conv(x: te.Tensor, w: te.Tensor, g: Geometry, low: str, out_dtype: str) -> te.Tensor:
-    """The planes kernel: ``x`` NCHW (rounded through ``low``), ``w`` ``[C, KH*KW]`` fp32.
+    """The planes kernel: ``x`` NCHW (rounded through ``low``; for stride 2 its ``uint64``
+    view, :func:`_polyphase`), ``w`` ``[C, KH*KW]`` fp32.
 
-    ``staged[n, c, r, j]`` is the padded plane (``Wq`` columns a row, zero past the input),
-    ``conv[n, c, q]`` the conv at ``q = y*Wq + x`` for whole vectors of ``q``, and the result
-    ``conv[n, c, y*Wq + x]`` for ``x < OW``, cast to ``out_dtype``.
+    ``staged[n, c, r, j]`` is the padded plane (``Wq`` columns a row, zero past the input; for
+    stride 2 ``staged[n, c, py, px, r, j]``, its polyphase planes), ``conv[n, c, q]`` the conv at
+    ``q = y*Wq + x`` for whole vectors of ``q``, and the result ``conv[n, c, y*Wq + x]`` for
+    ``x < OW``, cast to ``out_dtype``.
     """
     pitch, length, rows = plane_layout(g)
     top, left = g.pad[0], g.pad[1]
     zero = tirx.const(0, "float32")
+    interior = {INTERIOR_ATTR: plane_interior(g)}
+    if g.stride == (2, 2):
+        staged = _polyphase(x, g, low, rows, pitch, interior)
+    else:
 
-    def stage(n, c, r, j):
-        y, col = r - top, j - left
-        value = x[n, c, y, col].astype(low).astype("float32")
-        return tirx.if_then_else(_inside(g, y, col), value, zero)
+        def stage(n, c, r, j):
+            y, col = r - top, j - left
+            value = x[n, c, y, col].astype(low).astype("float32")
+            return tirx.if_then_else(_inside(g, y, col), value, zero)
 
-    staged = te.compute((g.n, g.c, rows, pitch), stage, name="staged")
+        staged = te.compute((g.n, g.c, rows, pitch), stage, name="staged", attrs=interior)
     ky, kx = te.reduce_axis((0, g.kh), name="ky"), te.reduce_axis((0, g.kw), name="kx")
 
     def tap(n, c, q):
-        i = q + ky * g.dilation[0] * pitch + kx * g.dilation[1]
-        return te.sum(staged[n, c, i // pitch, i % pitch] * w[c, ky * g.kw + kx], axis=[ky, kx])
+        if g.stride == (2, 2):  # tap (ky, kx) is phase (ky % 2, kx % 2), shifted by half
+            i = q + tirx.floordiv(ky, 2) * pitch + tirx.floordiv(kx, 2)
+            phase = (tirx.floormod(ky, 2), tirx.floormod(kx, 2))
+        else:
+            i = q + ky * g.dilation[0] * pitch + kx * g.dilation[1]
+            phase = ()
+        value = staged[(n, c, *phase, i // pitch, i % pitch)]
+        return te.sum(value * w[c, ky * g.kw + kx], axis=[ky, kx])
 
     conv = te.compute((g.n, g.c, length), tap, name="conv", attrs={PLANES_ATTR: pitch})
     return te.compute(
@@ -175,6 +225,29 @@ def planes_conv(x: te.Tensor, w: te.Tensor, g: Geometry, low: str, out_dtype: st
         lambda n, c, y, col: conv[n, c, y * pitch + col].astype(out_dtype),
         name="crop",
     )
+
+
+def _polyphase(
+    pairs: te.Tensor, g: Geometry, low: str, rows: int, pitch: int, attrs: dict
+) -> te.Tensor:
+    """The four polyphase planes ``staged[n, c, py, px, r, j] = padded[2r + py, 2j + px]`` of
+    an fp32 input read as ``pairs`` (``[N, C, H, W / 2]`` of ``uint64``): the padded column
+    ``2j + px`` is the low (even input column) or high half of pair ``j + (px - left) // 2``,
+    the same half for every ``j``, so that a row of a phase plane is one contiguous vector
+    load, a shift and a truncation."""
+    top, left = g.pad[0], g.pad[1]
+    bits = DataType(pairs.dtype).bits // 2
+    half = f"uint{bits}"
+
+    def stage(n, c, py, px, r, j):
+        y, col = 2 * r + py - top, 2 * j + px - left
+        pair = pairs[n, c, y, j + tirx.floordiv(px - left, 2)]
+        shift = (tirx.floormod(px - left, 2) * bits).astype(pairs.dtype)
+        value = tirx.reinterpret("float32", (pair >> shift).astype(half))
+        value = value.astype(low).astype("float32")
+        return tirx.if_then_else(_inside(g, y, col), value, tirx.const(0, "float32"))
+
+    return te.compute((g.n, g.c, 2, 2, rows, pitch), stage, name="staged", attrs=attrs)
 
 
 def direct_conv(x: te.Tensor, w: te.Tensor, g: Geometry, low: str, out_dtype: str) -> te.Tensor:
@@ -219,9 +292,13 @@ class _Rewriter(PyExprMutator):
         low = str(data.ty.dtype)
         source = self.bound.get(data, data)
         out_dtype = str(call.attrs.out_dtype) or low
-        if uses_planes(g):
+        source_dtype = str(source.ty.dtype)
+        if uses_planes(g, source_dtype):
             taps = astype(reshape(weight, (g.c, g.kh * g.kw)), "float32")
             kernel, name = planes_conv, "depthwise_planes"
+            if strided_planes(g, source_dtype):  # pairs of fp32 columns
+                view = relax.op.memory.view(source, (g.n, g.c, g.h, g.w // 2), "uint64")
+                source = self.builder_.emit(view)
         else:
             taps, kernel, name = weight, direct_conv, "depthwise_direct"
         return self.builder_.call_te(

@@ -130,9 +130,18 @@ def _only_block(sch: s_tir.Schedule, loop: LoopRV) -> SBlockRV:
 def _vectorise_padding(sch: s_tir.Schedule, pad: SBlockRV) -> None:
     """Loop the padding block's rows and columns of zeros apart from the input's, each row
     segment vectorised, so that the interior is a plain vectorised copy."""
-    rows = sch.get_loops(pad)[-2]
-    (top, height), (left, width) = _interior(sch, pad, 2), _interior(sch, pad, 3)
-    for index, row in enumerate(_partition(sch, rows, top, height)):
+    vectorise_interior(sch, pad, _interior(sch, pad, 2), _interior(sch, pad, 3))
+
+
+def vectorise_interior(
+    sch: s_tir.Schedule, block: SBlockRV, rows: tuple[int, int], cols: tuple[int, int]
+) -> None:
+    """Split a padding copy's two innermost loops (rows, columns) at the ``(first, count)``
+    ``rows`` and ``cols`` that hold the input, and vectorise each row segment: the interior
+    is then a plain vectorised copy, its bounds check simplified away, and only the edges
+    keep theirs."""
+    (top, height), (left, width) = rows, cols
+    for index, row in enumerate(_partition(sch, sch.get_loops(block)[-2], top, height)):
         inner = sch.get_loops(_only_block(sch, row))[-1]
         if index == (1 if top else 0):
             for segment in _partition(sch, inner, left, width):

@@ -1,7 +1,9 @@
 """The schedule of the depthwise planes kernel (``tvmamp.relay_passes.depthwise_planes``).
 
-One channel plane at a time (planes in parallel when worth it): the padded plane is copied to a
-flat buffer (rows of ``Wq`` columns, vectorised along the row), the conv over the flat output
+One channel plane at a time (planes in parallel when worth it): the padded plane (or its four
+polyphase planes, for stride 2) is copied to a flat buffer (rows of ``Wq`` columns, vectorised
+along the row, the padding rows and columns looped apart so that the input's are copied
+without bounds checks), the conv over the flat output
 index ``q`` runs in register tiles of ``tile`` vectors (each tap one unaligned vector load per
 vector and the tap's weight broadcast), and the output rows are cropped from it, the fused
 epilogue applied, vectorised along the row. Everything a plane touches stays in L1.
@@ -15,9 +17,10 @@ from tvm import s_tir, tirx
 from tvm.s_tir.schedule import SBlockRV
 from tvm.target import Target
 
-from tvmamp.relay_passes.depthwise_planes import PLANES_ATTR
+from tvmamp.relay_passes.depthwise_planes import INTERIOR_ATTR, PLANES_ATTR
 
 from .common import CPURule, inline_epilogue, largest_divisor, use_parallel, vector_lanes
+from .conv_staging import vectorise_interior
 from .grouped_conv import _annotated
 
 # Accumulator vectors of one register tile.
@@ -62,8 +65,10 @@ def schedule_planes(sch: s_tir.Schedule, conv: SBlockRV, target: Target) -> None
     )
     sch.reorder(q_outer, ky, kx, q_vector, q_lane)
     sch.compute_at(staged, plane, preserve_unit_loops=True)
-    sch.transform_layout(staged, ("write", 0), lambda n, c, r, j: (n, c, r * pitch + j))
-    _vectorise_row(sch, staged, lanes)
+    # Flat planes (each of the four polyphase planes of a stride-2 conv): [..., rows * Wq].
+    sch.transform_layout(staged, ("write", 0), lambda *i: (*i[:-2], i[-2] * pitch + i[-1]))
+    first_row, rows, first_col, cols = (int(v) for v in sch.get(staged).annotations[INTERIOR_ATTR])
+    vectorise_interior(sch, staged, (first_row, rows), (first_col, cols))
     acc = sch.cache_write(conv, 0, "local")
     sch.reverse_compute_at(acc, q_outer, preserve_unit_loops=True)
     acc_vector, acc_lane = sch.split(sch.get_loops(acc)[-1], [None, lanes])
@@ -71,12 +76,14 @@ def schedule_planes(sch: s_tir.Schedule, conv: SBlockRV, target: Target) -> None
     sch.vectorize(acc_lane)
     sch.unroll(q_vector)
     sch.vectorize(q_lane)
-    init = sch.decompose_reduction(conv, ky)
-    sch.vectorize(sch.get_loops(init)[-1])
     _vectorise_row(sch, crop, lanes)
     work = math.prod(int(iv.dom.extent) for iv in sch.get(conv).iter_vars)
     if use_parallel(target, work):
+        # Before the reduction's init is split off: TVM parallelises only loops whose
+        # blocks are all complete or whole reductions.
         sch.parallel(plane)
+    init = sch.decompose_reduction(conv, ky)
+    sch.vectorize(sch.get_loops(init)[-1])
 
 
 def _vectorise_row(sch: s_tir.Schedule, block: SBlockRV, lanes: int) -> None:

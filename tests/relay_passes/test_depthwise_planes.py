@@ -15,7 +15,12 @@ from tvm import relax, s_tir, tirx
 import tvmamp
 from tvmamp.pipeline import run_front_phases
 from tvmamp.relay_passes.conv2d_im2col import Geometry
-from tvmamp.relay_passes.depthwise_planes import PLANES_ATTR, DepthwisePlanes, uses_planes
+from tvmamp.relay_passes.depthwise_planes import (
+    PLANES_ATTR,
+    DepthwisePlanes,
+    plane_interior,
+    uses_planes,
+)
 from tvmamp.schedules.cpu.depthwise_planes import CPUDepthwisePlanes
 from tvmamp.targets.cpu_features import cpu_level_features
 
@@ -24,7 +29,13 @@ CASES = {
     "planes_odd": ((2, 13, 9, 11), 3, 1, 1, 1),  # 13 channels, rows of 11, batch 2
     "planes_5x5_dilated": ((1, 21, 10, 7), 5, 1, 4, 2),
     "planes_asymmetric": ((1, 19, 12, 14), 3, 1, 0, 1),  # no padding
-    "direct_stride2": ((1, 13, 13, 11), 3, 2, 1, 1),
+    "direct_stride2": ((1, 13, 13, 11), 3, 2, 1, 1),  # odd width: no pairs of columns
+    "polyphase": ((2, 13, 14, 10), 3, 2, 1, 1),  # stride 2: four phase planes
+    "polyphase_5x5": ((1, 19, 13, 12), 5, 2, 2, 1),  # odd height, padding 2
+    "polyphase_unpadded": ((1, 7, 12, 8), 3, 2, 0, 1),
+    "polyphase_4x4": ((1, 5, 10, 12), 4, 2, 1, 1),  # even kernel
+    "planes_parallel": ((1, 64, 14, 13), 3, 1, 1, 1),  # enough work for a parallel loop
+    "polyphase_parallel": ((1, 64, 28, 28), 3, 2, 1, 1),
     "direct_columns": ((1, 9, 8, 16), 3, 1, 1, 1),  # rows of 16: the columns tiling
 }
 LEVEL = {"float32": "O0", "bfloat16": "O2", "float16": "O2"}
@@ -57,11 +68,30 @@ def test_depthwise_matches_torch(rng, name, dtype):
         (geometry((1, 384, 14, 14)), True),  # rows of 14: neither whole vectors nor tiny
         (geometry((1, 960, 7, 7)), False),  # tiny planes: channels vectorised
         (geometry((1, 144, 56, 56)), False),  # rows of 56 = 7 x 8: the columns tiling
-        (geometry((1, 144, 56, 56), s=2), False),  # strided: the direct conv
+        (geometry((1, 144, 56, 56), s=2), True),  # stride 2: polyphase planes
+        (geometry((1, 144, 55, 55), s=2), False),  # odd width: no pairs of columns
     ],
 )
 def test_kernel_choice(g, planes):
     assert uses_planes(g) is planes
+
+
+def test_strided_planes_need_an_fp32_input():
+    g = geometry((1, 144, 56, 56), s=2)
+    assert uses_planes(g, "float32") and not uses_planes(g, "bfloat16")
+
+
+@pytest.mark.parametrize(
+    "g, interior",
+    [
+        (geometry((1, 8, 14, 10)), (1, 14, 1, 10)),
+        (geometry((1, 8, 14, 10), s=2), (1, 6, 1, 4)),  # rows 1-6 of 8, columns 1-4 of 6
+        (geometry((1, 8, 12, 8), s=2, p=0), (0, 6, 0, 4)),
+    ],
+)
+def test_plane_interior(g, interior):
+    """The rows and columns of every phase plane that hold input in all phases."""
+    assert plane_interior(g) == interior
 
 
 def _main_calls(mod: tvm.IRModule) -> list[relax.Call]:
@@ -89,6 +119,19 @@ def test_cast_is_absorbed(name):
     assert str(kernel.args[1].fields[0].ty.dtype) == "float32"
 
 
+def test_polyphase_reads_pairs_of_columns():
+    """A stride-2 conv's kernel reads the fp32 input as a uint64 view: no cast, no copy."""
+    _, mod = depthwise_model(CASES["polyphase"])
+    converted = tvmamp.convert(mod, "O2", "llvm", dtype="bfloat16").mod
+    rewritten = DepthwisePlanes()(converted)
+    x = rewritten["main"].params[0]
+    (view,) = [c for c in _main_calls(rewritten) if c.op == tvm.ir.Op.get("relax.memory.view")]
+    assert view.args[0].same_as(x)
+    assert [int(d) for d in view.ty.shape] == [2, 13, 14, 5] and str(view.ty.dtype) == "uint64"
+    astype = tvm.ir.Op.get("relax.astype")
+    assert not [c for c in _main_calls(rewritten) if c.op == astype and c.args[0].same_as(x)]
+
+
 def test_fp32_and_grouped_convs_are_left_alone():
     _, mod = depthwise_model(CASES["planes_odd"])
     tvm.ir.assert_structural_equal(DepthwisePlanes()(mod), mod)
@@ -105,8 +148,8 @@ def _has_planes_block(func: tirx.PrimFunc) -> bool:
     return any(PLANES_ATTR in sch.get(b).annotations for b in blocks)
 
 
-def _planes_kernel(target: str) -> tuple[tirx.PrimFunc, tvm.target.Target]:
-    _, mod = depthwise_model(CASES["planes_odd"])
+def _planes_kernel(name: str, target: str) -> tuple[tirx.PrimFunc, tvm.target.Target]:
+    _, mod = depthwise_model(CASES[name])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         converted = tvmamp.convert(mod, "O2", target, dtype="bfloat16")
@@ -120,10 +163,19 @@ def _planes_kernel(target: str) -> tuple[tirx.PrimFunc, tvm.target.Target]:
     return func, converted.target
 
 
+@pytest.mark.parametrize("name", ["planes_parallel", "polyphase_parallel"])
+def test_planes_run_in_parallel(name):
+    """With two cores the planes loop is parallel (the rule once failed there and fell back)."""
+    func, target = _planes_kernel(name, "llvm -mcpu=znver4 -num-cores=2")
+    sch = CPUDepthwisePlanes().apply(func, target, False)
+    assert sch is not None and "T.parallel" in sch.mod["main"].script()
+
+
+@pytest.mark.parametrize("name", ["planes_odd", "polyphase"])
 @pytest.mark.parametrize("kind", ["x86-64-v3", "znver4", "sapphirerapids"])
-def test_forced_cpu_kinds_build_vector_fmas(kind):
+def test_forced_cpu_kinds_build_vector_fmas(kind, name):
     """Build only: the planes kernel for each CPU kind has vector FMAs of its width."""
-    func, target = _planes_kernel(f"llvm -mcpu={kind} -num-cores=2")
+    func, target = _planes_kernel(name, f"llvm -mcpu={kind} -num-cores=2")
     sch = CPUDepthwisePlanes().apply(func, target, False)
     assert sch is not None
     lib = tvm.tirx.build(
