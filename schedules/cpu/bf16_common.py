@@ -109,33 +109,49 @@ define linkonce_odr void @tvmamp_pack_pairs_2x32(ptr %d, i64 %ldd, ptr %s, i64 %
 attributes #0 = {{ alwaysinline nounwind }}
 """
 _CONCAT32 = ", ".join(f"i32 {i}" for i in range(32))
-# The same from two rows of 32 fp32, rounded to bf16 on the way (a run-time fp32 weight) with
-# vcvtneps2bf16: these packs only run on avx512_bf16 targets.
-PACK_PAIRS_F32_LLVM_IR = "\n".join(
-    [
-        "define linkonce_odr void @tvmamp_pack_pairs_2x32_from_f32("
-        "ptr %d, i64 %ldd, ptr %s, i64 %lds) #0 {",
-        "  %s1 = getelementptr i8, ptr %s, i64 %lds",
-        "  %d1 = getelementptr i8, ptr %d, i64 %ldd",
-        "  %s0h = getelementptr i8, ptr %s, i64 64",
-        "  %s1h = getelementptr i8, ptr %s1, i64 64",
-        *transpose.round_to_bf16("a0", "%s", native=True),
-        *transpose.round_to_bf16("a1", "%s0h", native=True),
-        *transpose.round_to_bf16("b0", "%s1", native=True),
-        *transpose.round_to_bf16("b1", "%s1h", native=True),
-        f"  %r0 = shufflevector <16 x i16> %a0, <16 x i16> %a1, <32 x i32> <{_CONCAT32}>",
-        f"  %r1 = shufflevector <16 x i16> %b0, <16 x i16> %b1, <32 x i32> <{_CONCAT32}>",
-        f"  %lo = shufflevector <32 x i16> %r0, <32 x i16> %r1, <32 x i32> <{_PACK_LO}>",
-        f"  %hi = shufflevector <32 x i16> %r0, <32 x i16> %r1, <32 x i32> <{_PACK_HI}>",
-        "  store <32 x i16> %lo, ptr %d, align 2",
-        "  store <32 x i16> %hi, ptr %d1, align 2",
-        "  ret void",
-        "}",
-        "",
-        "attributes #0 = { alwaysinline nounwind }",
-        "",
+
+
+# The same from two rows of 32 fp32, rounded to bf16 on the way (a run-time fp32 weight):
+# with vcvtneps2bf16 (``native``, avx512_bf16 targets only), or with integer arithmetic that any
+# x86 target runs (a pack that ``FoldConstant`` evaluates at compile time: TVM builds it for
+# plain "llvm", where LLVM lowers a native rounding to a ``__truncsfbf2`` call that its JIT
+# cannot resolve).
+def pack_pairs_f32_llvm_ir(native: bool) -> str:
+    """The LLVM IR of ``tvmamp_pack_pairs_2x32_from_f32[_native]``."""
+    rounds = [
+        transpose.round_to_bf16(name, ptr, native=native)
+        for name, ptr in (("a0", "%s"), ("a1", "%s0h"), ("b0", "%s1"), ("b1", "%s1h"))
     ]
-)
+    return "\n".join(
+        [
+            f"define linkonce_odr void @{_pack_pairs_name(True, native)}("
+            "ptr %d, i64 %ldd, ptr %s, i64 %lds) #0 {",
+            "  %s1 = getelementptr i8, ptr %s, i64 %lds",
+            "  %d1 = getelementptr i8, ptr %d, i64 %ldd",
+            "  %s0h = getelementptr i8, ptr %s, i64 64",
+            "  %s1h = getelementptr i8, ptr %s1, i64 64",
+            *(line for lines in rounds for line in lines),
+            f"  %r0 = shufflevector <16 x i16> %a0, <16 x i16> %a1, <32 x i32> <{_CONCAT32}>",
+            f"  %r1 = shufflevector <16 x i16> %b0, <16 x i16> %b1, <32 x i32> <{_CONCAT32}>",
+            f"  %lo = shufflevector <32 x i16> %r0, <32 x i16> %r1, <32 x i32> <{_PACK_LO}>",
+            f"  %hi = shufflevector <32 x i16> %r0, <32 x i16> %r1, <32 x i32> <{_PACK_HI}>",
+            "  store <32 x i16> %lo, ptr %d, align 2",
+            "  store <32 x i16> %hi, ptr %d1, align 2",
+            "  ret void",
+            "}",
+            "",
+            "attributes #0 = { alwaysinline nounwind }",
+            "",
+        ]
+    )
+
+
+def _pack_pairs_name(from_f32: bool, native: bool) -> str:
+    return (
+        "tvmamp_pack_pairs_2x32"
+        + ("_from_f32" if from_f32 else "")
+        + ("_native" if from_f32 and native else "")
+    )
 
 
 def _pack_intrin(src: str, function: str, transposed: bool):
@@ -189,15 +205,16 @@ def _pack_intrin(src: str, function: str, transposed: bool):
     return desc, impl
 
 
-def pack_pairs_intrin(src: str = "bfloat16") -> tuple[str, str]:
+def pack_pairs_intrin(src: str = "bfloat16", native: bool = True) -> tuple[str, str]:
     """Register (once) the weight-packing intrinsic for 2 rows x 32 columns of ``src`` (bf16,
-    or fp32 rounded on the way); return its name and the LLVM IR to import."""
+    or fp32 rounded on the way, with ``vcvtneps2bf16`` when ``native``); return its name and
+    the LLVM IR to import."""
     from_f32 = src == "float32"
-    name = PACK_PAIRS_INTRIN + ("_from_f32" if from_f32 else "")
-    function = "tvmamp_pack_pairs_2x32" + ("_from_f32" if from_f32 else "")
+    function = _pack_pairs_name(from_f32, native)
+    name = PACK_PAIRS_INTRIN + function.removeprefix("tvmamp_pack_pairs_2x32")
     if TensorIntrin.get(name, allow_missing=True) is None:
         TensorIntrin.register(name, *_pack_intrin(src, function, transposed=False))
-    return name, PACK_PAIRS_F32_LLVM_IR if from_f32 else PACK_PAIRS_LLVM_IR
+    return name, pack_pairs_f32_llvm_ir(native) if from_f32 else PACK_PAIRS_LLVM_IR
 
 
 # A 16 x 32 tile of B[J, K] -> one 16-column panel of 16 pairs: a 16 x 16 transpose of the
@@ -205,12 +222,14 @@ def pack_pairs_intrin(src: str = "bfloat16") -> tuple[str, str]:
 PACK_PAIRS_T_INTRIN = "tvmamp_x86_pack_pairs_t_16x32"
 
 
-def pack_pairs_t_intrin(src: str = "bfloat16") -> tuple[str, str]:
+def pack_pairs_t_intrin(src: str = "bfloat16", native: bool = True) -> tuple[str, str]:
     """Register (once) the transposing weight-packing intrinsic for a 16 x 32 ``src`` tile
-    (bf16, or fp32 rounded on the way); return its name and the LLVM IR to import."""
+    (bf16, or fp32 rounded on the way, with ``vcvtneps2bf16`` when ``native``); return its
+    name and the LLVM IR to import."""
     from_f32 = src == "float32"
-    name = PACK_PAIRS_T_INTRIN + ("_from_f32" if from_f32 else "")
-    function = transpose.function_name(32, from_f32, native=from_f32)
+    native = native and from_f32
+    function = transpose.function_name(32, from_f32, native=native)
+    name = PACK_PAIRS_T_INTRIN + function.removeprefix(transpose.intrin_name(32))
     if TensorIntrin.get(name, allow_missing=True) is None:
         TensorIntrin.register(name, *_pack_intrin(src, function, transposed=True))
-    return name, transpose.llvm_ir(32, to_bf16=from_f32, native=from_f32)
+    return name, transpose.llvm_ir(32, to_bf16=from_f32, native=native)

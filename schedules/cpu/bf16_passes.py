@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import tvm
 from tvm import relax, s_tir, tirx
+from tvm.ir.expr import Constant
 
 from .bf16_common import (
     PACK_PAIRS,
@@ -70,6 +71,7 @@ def tensorize_packs(mod: tvm.IRModule) -> tvm.IRModule:
     weight; those blocks get the vectorised gather instead.
     """
     updates = {}
+    folded = _folded_functions(mod)
     for gvar, func in mod.functions_items():
         if isinstance(func, tirx.PrimFunc):
             sch = s_tir.Schedule(func)
@@ -80,24 +82,49 @@ def tensorize_packs(mod: tvm.IRModule) -> tvm.IRModule:
                 if mark in sch.get(b).annotations
             ]
             for block, mark in marked:
-                _tensorize_pack(sch, block, mark)
+                _tensorize_pack(sch, block, mark, native=gvar not in folded)
             if marked:
                 updates[gvar] = sch.mod["main"]
     return _with_functions(mod, updates)
 
 
-def _tensorize_pack(sch: s_tir.Schedule, block, mark: str) -> None:
+def _folded_functions(mod: tvm.IRModule) -> set:
+    """The PrimFuncs that ``FoldConstant`` will evaluate: those with a call (``call_tir``)
+    whose arguments are constants, or the results of such calls (it folds them in order)."""
+    folded, known = set(), set()
+    for _, func in mod.functions_items():
+        if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
+            continue
+        for binding in (b for block in func.body.blocks for b in block.bindings):
+            value = binding.value
+            if isinstance(value, relax.Var) and value in known:
+                known.add(binding.var)
+            if not (isinstance(value, relax.Call) and value.op == _CALL_TIR):
+                continue
+            args = value.args[1].fields if isinstance(value.args[1], relax.Tuple) else []
+            if all(isinstance(a, Constant) or a in known for a in args):
+                folded.add(value.args[0])
+                known.add(binding.var)
+    return folded
+
+
+_CALL_TIR = tvm.ir.Op.get("relax.call_tir")
+
+
+def _tensorize_pack(sch: s_tir.Schedule, block, mark: str, native: bool = True) -> None:
     """Tensorize one marked packing block at its two innermost loops, else vectorise them.
 
     :data:`PACK_PAIRS` blocks have ``(32, 2)`` inner loops, :data:`PACK_PAIRS_T` blocks
     ``(16, 32)``; each has a variant that reads a bf16 ``B`` and one that reads fp32 and rounds
-    (a run-time fp32 weight whose cast the GEMM kernel absorbed).
+    (a run-time fp32 weight whose cast the GEMM kernel absorbed): with ``vcvtneps2bf16`` when
+    ``native``, else with integer arithmetic, for a function that ``FoldConstant`` evaluates
+    (it builds for a plain "llvm" target, which has no such instruction).
     """
     sch.unannotate(block, mark)
     loops = sch.get_loops(block)
     make = pack_pairs_intrin if mark == PACK_PAIRS else pack_pairs_t_intrin
     for src in ("bfloat16", "float32"):
-        intrin, llvm_ir = make(src)
+        intrin, llvm_ir = make(src, native)
         try:
             trial = sch.copy()  # a failed tensorize must leave no trace in ``sch``
             trial.tensorize(trial.blockize(trial.get_loops(block)[-2]), intrin)
