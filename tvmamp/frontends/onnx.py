@@ -6,6 +6,7 @@ import os
 from collections.abc import Mapping
 
 from .common import UnsupportedOperatorError, require, split_params
+from .onnx_rnn import RECURRENT_OPS, expand_recurrent
 
 _COMPONENT = "tvmamp.from_onnx"
 
@@ -36,6 +37,13 @@ def from_onnx(
         ``main(*inputs, *params)`` with the ``num_input`` attribute.
     params : dict of str to numpy.ndarray
         The initializers by name, for ``tvmamp.build(params=...)``.
+
+    Notes
+    -----
+    TVM's importer has no ``LSTM``, ``GRU`` or ``RNN`` converter: such nodes are first expanded
+    into standard ops unrolled over the sequence (see :mod:`tvmamp.frontends.onnx_rnn`), so
+    their sequence length must be static (from the model or ``shape_dict``). Their weights
+    are imported as new parameters named after the node (``<node>.W_t.forward``...).
     """
     onnx = require("onnx", "onnx", _COMPONENT)
     model = read_model(onnx, model)
@@ -48,6 +56,7 @@ def from_onnx(
 
     shapes = {k: [int(d) for d in v] for k, v in (shape_dict or {}).items()}
     model = _without_initializer_inputs(onnx, model)
+    model = expand_recurrent(model, shapes, opset)
     mod = tvm_from_onnx(model, shapes or None, dtype_dict, opset=opset, keep_params_in_input=True)
     func = mod["main"]
     values = list(func.attrs["params"]) if "params" in func.attrs else []
@@ -115,7 +124,8 @@ def _check_keys(mapping, inputs, what):
 def _check_ops(model):
     from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
 
-    known = set(_get_convert_map()) | {"Constant", "If"}
+    # LSTM, GRU and RNN have no converter: expand_recurrent rewrites them before the import.
+    known = set(_get_convert_map()) | {"Constant", "If"} | RECURRENT_OPS
     missing = sorted({n.op_type for n in model.graph.node if n.op_type not in known})
     if missing:
         raise UnsupportedOperatorError(
