@@ -280,7 +280,7 @@ def finish(
     work = math.prod(int(iv.dom.extent) for iv in sch.get(conv).iter_vars)
     parallel = use_parallel(target, work)
     for block in _producers(sch, conv):  # the data copy, padding, dilation, weight packing
-        if not _is_scheduled(sch, block):
+        if not _is_scheduled(sch, block) and not schedule_padding(sch, block, parallel):
             schedule_injective(sch, block, vector_lanes(target), parallel)
     if parallel:
         sch.parallel(outer)  # before decompose_reduction, which breaks the check
@@ -306,3 +306,77 @@ def _is_scheduled(sch: s_tir.Schedule, block: SBlockRV) -> bool:
     copy imports its intrinsic with a loop annotation)."""
     loops = [sch.get(loop) for loop in sch.get_loops(block)]
     return any(loop.kind != tirx.ForKind.SERIAL or loop.annotations for loop in loops)
+
+
+def schedule_padding(sch: s_tir.Schedule, block: SBlockRV, parallel: bool) -> bool:
+    """Schedule a root-level NCHW padding copy ``P[n, c, y, x] = D[n, c, y - top, x - left]``
+    (zero outside ``D``, cast or not) one plane at a time (planes in parallel when
+    ``parallel``), its rows and columns of zeros looped apart from the input's and each row
+    segment vectorised (:func:`vectorise_interior`). False (``sch`` untouched) for any other
+    block.
+
+    Fused and cut into vectors of 16, a padded plane's rows (30 for 28 x 28) did not line up
+    with the vectors: each element's indices took an integer division and the copy ran
+    element by element (a grouped 32 x 28 x 28 conv: 0.081 ms at O2, 0.048 at O0).
+    """
+    stmt = sch.get(block)
+    loops = sch.get_loops(block)
+    if len(loops) != 4 or len(stmt.iter_vars) != 4 or len(stmt.reads) != 1:
+        return False
+    rows, cols = padding_interior(sch, block, 2), padding_interior(sch, block, 3)
+    extents = [int(iv.dom.extent) for iv in stmt.iter_vars[2:]]
+    if (rows[1], cols[1]) == tuple(extents):  # no padding: not this block
+        return False
+    plane = sch.fuse(*loops[:2])
+    vectorise_interior(sch, block, rows, cols)
+    if parallel:
+        sch.parallel(plane)
+    return True
+
+
+def vectorise_interior(
+    sch: s_tir.Schedule, block: SBlockRV, rows: tuple[int, int], cols: tuple[int, int]
+) -> None:
+    """Split a padding copy's two innermost loops (rows, columns) at the ``(first, count)``
+    ``rows`` and ``cols`` that hold the input, and vectorise each row segment: the interior
+    is then a plain vectorised copy, its bounds check simplified away, and only the edges
+    keep theirs."""
+    (top, height), (left, width) = rows, cols
+    for index, row in enumerate(_partition(sch, sch.get_loops(block)[-2], top, height)):
+        inner = sch.get_loops(_only_block(sch, row))[-1]
+        if index == (1 if top else 0):
+            for segment in _partition(sch, inner, left, width):
+                sch.vectorize(segment)
+        else:
+            sch.vectorize(inner)
+
+
+def _only_block(sch: s_tir.Schedule, loop: LoopRV) -> SBlockRV:
+    (block,) = sch.get_child_blocks(loop)
+    return block
+
+
+def _partition(sch: s_tir.Schedule, loop: LoopRV, start: int, length: int) -> list[LoopRV]:
+    """Split ``loop`` into ``[0, start)``, ``[start, start + length)`` and the rest (each part
+    only when not empty)."""
+    extent = int(sch.get(loop).extent)
+    bounds = [b for b in (start, start + length) if 0 < b < extent]
+    if not bounds:
+        return [loop]
+    factors = [bounds[0]] + [hi - lo for lo, hi in zip(bounds, bounds[1:])] + [None]
+    return sch.loop_partition(loop, factors)
+
+
+def padding_interior(sch: s_tir.Schedule, pad: SBlockRV, axis: int) -> tuple[int, int]:
+    """``(first, count)`` of the padded plane's rows (``axis`` 2) or columns (3) that hold the
+    input, from the padding block's read ``D[.., i - first, ..]`` (the whole axis when the
+    block is not such a copy)."""
+    block = sch.get(pad)
+    read = block.reads[0]
+    whole = 0, int(block.iter_vars[axis].dom.extent)
+    if len(block.reads) != 1 or len(read.region) != len(block.iter_vars):
+        return whole  # not a padding copy: nothing to split off
+    offset = Analyzer().simplify(block.iter_vars[axis].var - read.region[axis].min)
+    if not isinstance(offset, tirx.IntImm):
+        return whole
+    return int(offset), int(read.source.shape[axis])

@@ -26,12 +26,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tvm import s_tir, tirx
+from tvm import s_tir
 from tvm.s_tir.schedule import LoopRV, SBlockRV
-from tvm.sym.analyzer import Analyzer
 
 from . import transpose_intrin as transpose
-from .conv_common import ConvShape
+from .conv_common import ConvShape, padding_interior, vectorise_interior
 
 SIDE = transpose.SIDE
 
@@ -122,54 +121,7 @@ def _planes(width: int):
     return lambda n, c, y, x: (n, c // SIDE, c % SIDE, y * width + x)
 
 
-def _only_block(sch: s_tir.Schedule, loop: LoopRV) -> SBlockRV:
-    (block,) = sch.get_child_blocks(loop)
-    return block
-
-
 def _vectorise_padding(sch: s_tir.Schedule, pad: SBlockRV) -> None:
     """Loop the padding block's rows and columns of zeros apart from the input's, each row
     segment vectorised, so that the interior is a plain vectorised copy."""
-    vectorise_interior(sch, pad, _interior(sch, pad, 2), _interior(sch, pad, 3))
-
-
-def vectorise_interior(
-    sch: s_tir.Schedule, block: SBlockRV, rows: tuple[int, int], cols: tuple[int, int]
-) -> None:
-    """Split a padding copy's two innermost loops (rows, columns) at the ``(first, count)``
-    ``rows`` and ``cols`` that hold the input, and vectorise each row segment: the interior
-    is then a plain vectorised copy, its bounds check simplified away, and only the edges
-    keep theirs."""
-    (top, height), (left, width) = rows, cols
-    for index, row in enumerate(_partition(sch, sch.get_loops(block)[-2], top, height)):
-        inner = sch.get_loops(_only_block(sch, row))[-1]
-        if index == (1 if top else 0):
-            for segment in _partition(sch, inner, left, width):
-                sch.vectorize(segment)
-        else:
-            sch.vectorize(inner)
-
-
-def _partition(sch: s_tir.Schedule, loop: LoopRV, start: int, length: int) -> list[LoopRV]:
-    """Split ``loop`` into ``[0, start)``, ``[start, start + length)`` and the rest (each part
-    only when not empty)."""
-    extent = int(sch.get(loop).extent)
-    bounds = [b for b in (start, start + length) if 0 < b < extent]
-    if not bounds:
-        return [loop]
-    factors = [bounds[0]] + [hi - lo for lo, hi in zip(bounds, bounds[1:])] + [None]
-    return sch.loop_partition(loop, factors)
-
-
-def _interior(sch: s_tir.Schedule, pad: SBlockRV, axis: int) -> tuple[int, int]:
-    """``(first, count)`` of the padded plane's rows (``axis`` 2) or columns (3) that hold the
-    input, from the padding block's read ``D[.., i - first, ..]``."""
-    block = sch.get(pad)
-    read = block.reads[0]
-    whole = 0, int(block.iter_vars[axis].dom.extent)
-    if len(block.reads) != 1 or len(read.region) != len(block.iter_vars):
-        return whole  # not a padding copy: nothing to split off
-    offset = Analyzer().simplify(block.iter_vars[axis].var - read.region[axis].min)
-    if not isinstance(offset, tirx.IntImm):
-        return whole
-    return int(offset), int(read.source.shape[axis])
+    vectorise_interior(sch, pad, padding_interior(sch, pad, 2), padding_interior(sch, pad, 3))

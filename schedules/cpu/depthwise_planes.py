@@ -20,7 +20,7 @@ from tvm.target import Target
 from tvmamp.relay_passes.depthwise_planes import INTERIOR_ATTR, PLANES_ATTR
 
 from .common import CPURule, inline_epilogue, largest_divisor, use_parallel, vector_lanes
-from .conv_staging import vectorise_interior
+from .conv_common import vectorise_interior
 from .grouped_conv import _annotated
 
 # Accumulator vectors of one register tile.

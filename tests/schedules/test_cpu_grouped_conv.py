@@ -153,6 +153,21 @@ def test_rule_schedules_every_group_count(name):
     assert 'scope="local"' in script  # the accumulator tile
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_padding_copies_whole_rows(dtype):
+    """The padding copy runs one plane at a time, its interior rows as plain vectors: no
+    element-wise gather with an integer division per element (it made a grouped 32 x 28 x 28
+    conv 0.081 ms at O2 against 0.040 ms now)."""
+    target = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
+    case = ((1, 32, 28, 28), 32, 3, 1, 1, 1, 4)
+    (func,) = conv_kernels(conv_model(case)[1], "llvm -mcpu=znver4", dtype)
+    sch = CPUConv2d().apply(func, target, False)
+    script = sch.mod["main"].script()
+    # The 28 interior columns of the 28 interior rows: one vector each, no bounds check.
+    assert re.search(r"for \w+ in T\.vectorized\(T\.int64\(1\), T\.int64\(29\)\)", script)
+    assert re.search(r"for \w+ in T\.parallel\(T\.int64\(32\)\)", script)  # the planes
+
+
 @pytest.mark.parametrize(
     ("shape", "mode", "width"),
     [
