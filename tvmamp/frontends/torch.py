@@ -8,6 +8,7 @@ from collections.abc import Mapping
 
 from .common import UnsupportedOperatorError, rename_params, require, split_params
 from .torch_graph import (
+    compute_binary_ops_in_their_dtype,
     count_from_the_start_in_selects,
     drop_legacy_empty_cat_inputs,
     give_cumulative_ops_their_dtype,
@@ -217,6 +218,225 @@ def _extremum(reduce):
     return convert
 
 
+def _elu(node, importer):
+    """``aten.elu(x, alpha=1, scale=1, input_scale=1)``: ``scale * x`` where ``x > 0``, else
+    ``scale * alpha * (exp(input_scale * x) - 1)``.
+
+    ``F.selu`` decomposes to ``elu(x, 1.6733, 1.0507)``; TVM's converter ignores ``scale`` and
+    ``input_scale``, so selu lost its 1.0507 factor (5% off, silently).
+    """
+    from tvm import relax
+
+    x = importer.env[node.args[0]]
+    alpha, scale, input_scale = (
+        node.args[i] if len(node.args) > i else node.kwargs.get(name, 1.0)
+        for i, name in ((1, "alpha"), (2, "scale"), (3, "input_scale"))
+    )
+    dtype = str(x.ty.dtype)
+
+    def times(factor, value):
+        return value if factor == 1 else relax.op.multiply(value, relax.const(factor, dtype))
+
+    bb = importer.block_builder
+    positive = times(scale, x)
+    negative = relax.op.subtract(relax.op.exp(times(input_scale, x)), relax.const(1, dtype))
+    negative = times(float(scale) * float(alpha), negative)
+    above = relax.op.greater(x, relax.const(0, dtype))
+    return bb.emit(relax.op.where(above, positive, negative))
+
+
+def _div_mode(node, importer):
+    """``aten.div.Tensor_mode(a, b, rounding_mode)``: ``a // b`` (floor) or truncated division.
+
+    TVM's converter makes a Python-int operand an int32 constant, so ``int64_tensor // 3`` and
+    ``float_tensor // -3`` failed ("Binary operators must have the same datatype"). Here both
+    operands take the result's dtype (graph passes have cast tensors that torch promotes).
+    """
+    from tvm import relax
+
+    operands = _operands(node, importer)
+    if operands is None:
+        return importer._div(node)
+    a, b, dtype = operands
+    mode = node.args[2] if len(node.args) > 2 else node.kwargs.get("rounding_mode")
+    bb = importer.block_builder
+    if mode is None:
+        return bb.emit(relax.op.divide(a, b))
+    if mode == "floor":
+        return bb.emit(relax.op.floor_divide(a, b))
+    if mode != "trunc":
+        raise ValueError(f"tvmamp.from_torch: aten.div: unknown rounding_mode {mode!r}")
+    if "float" in dtype:
+        return bb.emit(relax.op.trunc(relax.op.divide(a, b)))
+    return bb.emit(relax.op.divide(a, b))  # integer division in TIR truncates, as C does
+
+
+def _binary(op_name):
+    """A converter of a binary op TVM's importer lacks: both operands (tensors or Python
+    scalars) in the result's dtype, then ``relax.op.<op_name>``."""
+
+    def convert(node, importer):
+        from tvm import relax
+
+        operands = _operands(node, importer)
+        if operands is None:
+            raise UnsupportedOperatorError(
+                f"tvmamp.from_torch: {node.target} is supported on tensors and Python "
+                f"numbers only, got {node.args[:2]}",
+                [str(node.target)],
+            )
+        a, b, _ = operands
+        return importer.block_builder.emit(getattr(relax.op, op_name)(a, b))
+
+    return convert
+
+
+def _operands(node, importer):
+    """``(a, b, dtype)``: a binary op's two operands (tensors or Python numbers) as Relax
+    tensors of the result's dtype, or None for other operands (symbolic sizes)."""
+    from tvm import relax
+
+    result = node.meta.get("val")
+    if getattr(result, "dtype", None) is None:
+        return None
+    dtype = importer._convert_data_type(result.dtype, importer.env)
+    operands = []
+    for arg in node.args[:2]:
+        value = importer.env[arg] if hasattr(arg, "meta") else arg
+        if isinstance(value, (bool, int, float)):
+            value = relax.const(value, dtype)
+        elif not isinstance(getattr(value, "ty", None), relax.TensorType):
+            return None
+        elif str(value.ty.dtype) != dtype:
+            value = importer.block_builder.emit(relax.op.astype(value, dtype))
+        operands.append(value)
+    return (*operands, dtype)
+
+
+def _index_operands(node, importer):
+    """``(data, index tensors by dim)`` of ``aten.index``/``index_put``, or None where tvmamp
+    leaves the call to TVM (a boolean mask, or a single index tensor: a ``take``)."""
+    data = importer.env[node.args[0]]
+    indices = list(node.args[1]) + [None] * (data.ty.ndim - len(node.args[1]))
+    tensors = {d: importer.env[i] for d, i in enumerate(indices) if i is not None}
+    if any(str(t.ty.dtype) == "bool" for t in tensors.values()):
+        return None
+    return data, tensors
+
+
+def _advanced_layout(ndim, dims):
+    """For index tensors on ``dims``: the permutation putting them first, and whether torch
+    keeps the broadcast index dims in place (the indexed dims are adjacent) and where."""
+    rest = [d for d in range(ndim) if d not in dims]
+    in_place = dims == list(range(dims[0], dims[-1] + 1)) and dims[0] > 0
+    return dims + rest, (dims[0] if in_place else 0)
+
+
+def _move_axes(bb, x, start, count, to):
+    """Move ``count`` axes of ``x`` starting at ``start`` to position ``to``."""
+    from tvm import relax
+
+    if start == to or count == 0:
+        return x
+    axes = list(range(x.ty.ndim))
+    block = axes[start : start + count]
+    rest = axes[:start] + axes[start + count :]
+    return bb.emit(relax.op.permute_dims(x, rest[:to] + block + rest[to:]))
+
+
+def _index(node, importer):
+    """``aten.index.Tensor`` with several index tensors (``x[:, i, j]``, ``nn.Unfold``).
+
+    TVM's importer expands each ``None`` (a full slice) into an ``arange`` that does not
+    broadcast with the index tensors ("index_tensor: cannot broadcast index shapes") or takes
+    index tensors one after another, an outer product where torch broadcasts them (silently
+    wrong for ``x[:, [[0, 1, 2]], [1, 2, 3]]``). Here the indexed dims go first, one
+    ``index_tensor`` gathers with the broadcast indices, and the broadcast dims move to where
+    torch puts them (in place of adjacent indexed dims, else first).
+    """
+    from tvm import relax
+
+    operands = _index_operands(node, importer)
+    if operands is None or len(operands[1]) < 2:
+        return importer._index_tensor(node)
+    data, tensors = operands
+    bb, dims = importer.block_builder, sorted(tensors)
+    perm, position = _advanced_layout(data.ty.ndim, dims)
+    if perm != sorted(perm):
+        data = bb.emit(relax.op.permute_dims(data, perm))
+    index = [_as_int64(bb, tensors[d]) for d in dims]
+    out = bb.emit(relax.op.index_tensor(data, index))
+    rank = max(t.ty.ndim for t in tensors.values())
+    return _move_axes(bb, out, 0, rank, position)
+
+
+def _index_put(node, importer):
+    """``aten.index_put(x, indices, values, accumulate)``: ``x[indices] = values`` (``+=``).
+
+    TVM's importer requires an index tensor for every dim ("IndexPut requires the number of
+    index tensors (1) to match the data tensor dimensions (2)" for ``x[rows] = v``) and
+    expands ``None`` into aranges that do not broadcast (``nn.Fold``); its ``index_put``
+    accumulates in a parallel loop, which races on repeated indices. Here the indexed dims go
+    first and one ``scatter_nd`` (serial over the indices) writes or adds ``values``,
+    broadcast to the shape of ``x[indices]``; the dims are then put back.
+    """
+    from tvm import relax
+
+    operands = _index_operands(node, importer)
+    if operands is None:
+        return importer._index_put(node)
+    data, tensors = operands
+    values = importer.env[node.args[2]]
+    accumulate = node.args[3] if len(node.args) > 3 else node.kwargs.get("accumulate", False)
+    bb, dims, ndim = importer.block_builder, sorted(tensors), data.ty.ndim
+    perm, position = _advanced_layout(ndim, dims)
+    shape = list(data.ty.shape)
+    batch = _broadcast_shape([list(t.ty.shape) for t in tensors.values()])
+    rest = [shape[d] for d in perm[len(dims) :]]
+    target = rest[:position] + batch + rest[position:]  # the shape of data[indices]
+    if str(values.ty.dtype) != str(data.ty.dtype):
+        values = bb.emit(relax.op.astype(values, data.ty.dtype))
+    values = bb.emit(relax.op.broadcast_to(values, target))
+    values = _move_axes(bb, values, position, len(batch), 0)
+    index = [
+        bb.emit(relax.op.expand_dims(relax.op.broadcast_to(_as_int64(bb, tensors[d]), batch), -1))
+        for d in dims
+    ]
+    index = bb.emit(relax.op.concat(index, axis=-1)) if len(index) > 1 else index[0]
+    if perm != sorted(perm):
+        data = bb.emit(relax.op.permute_dims(data, perm))
+    reduction = "add" if accumulate else "update"
+    out = bb.emit(relax.op.scatter_nd(data, index, values, reduction))
+    if perm == sorted(perm):
+        return out
+    inverse = [perm.index(d) for d in range(ndim)]
+    return bb.emit(relax.op.permute_dims(out, inverse))
+
+
+def _as_int64(bb, index):
+    from tvm import relax
+
+    if str(index.ty.dtype) == "int64":
+        return index
+    return bb.emit(relax.op.astype(index, "int64"))
+
+
+def _broadcast_shape(shapes):
+    """NumPy broadcasting of static or symbolic shapes (a non-1 size wins)."""
+    import tvm
+
+    rank = max(len(s) for s in shapes)
+    out = []
+    for axis in range(rank):
+        size = 1
+        for s in shapes:
+            at = axis - rank + len(s)
+            if at >= 0 and not (isinstance(s[at], tvm.tirx.IntImm) and int(s[at]) == 1):
+                size = s[at]
+        out.append(size)
+    return out
+
+
 def _converters() -> dict:
     from tvm import relax
 
@@ -224,6 +444,20 @@ def _converters() -> dict:
         "upsample_nearest2d.vec": _upsample_nearest,
         "amax.default": _extremum(relax.op.max),
         "amin.default": _extremum(relax.op.min),
+        "elu.default": _elu,
+        "div.Tensor_mode": _div_mode,
+        "index.Tensor": _index,
+        "index_put.default": _index_put,
+        "remainder.Scalar_Tensor": _binary("floor_mod"),
+        **{
+            f"{name}.{overload}": _binary(op)
+            for names, op in (
+                (("__rshift__", "bitwise_right_shift"), "right_shift"),
+                (("__lshift__", "bitwise_left_shift"), "left_shift"),
+            )
+            for name in names
+            for overload in ("Scalar", "Tensor", "Tensor_Scalar", "Scalar_Tensor")
+        },
     }
 
 
@@ -245,6 +479,7 @@ def import_exported_program(program, custom_convert_map: Mapping | None = None):
     wrap_negative_index_tensors(program)
     give_group_norms_their_affine(program)
     put_grid_channels_first(program)
+    compute_binary_ops_in_their_dtype(program)
     calls = [n for n in program.graph.nodes if n.op == "call_function"]
     _refuse_train_ops(calls, program)
     converters = {**CONVERTERS, **(custom_convert_map or {})}
@@ -263,11 +498,50 @@ def import_exported_program(program, custom_convert_map: Mapping | None = None):
         custom_convert_map=converters,
         run_ep_decomposition=False,
     )
+    mod = _broadcast_non_finite_fills(mod)
     values = list(mod["main"].attrs["params"]) if "params" in mod["main"].attrs else []
     mod, params = split_params(mod, values, component)
     names = _torch_names(program)
     mod["main"] = rename_params(mod["main"], names)
     return mod, {names.get(k, k): v for k, v in params.items()}
+
+
+def _broadcast_non_finite_fills(mod):
+    """Turn ``full``/``full_like`` of an infinite or NaN constant into ``broadcast_to`` of it.
+
+    TVM's legalization of ``full`` checks a non-finite fill value with ``"float" in dtype``,
+    where ``dtype`` is a PrimType, and fails ("argument of type 'PrimType' is not iterable"):
+    ``torch.full((T, T), float("-inf"))``, the causal mask of ``nn.Transformer``, could not
+    be built. ``broadcast_to`` computes the same tensor and legalizes.
+    """
+    import numpy as np
+    import tvm
+    from tvm import relax
+
+    full, full_like = tvm.ir.Op.get("relax.full"), tvm.ir.Op.get("relax.full_like")
+
+    @relax.expr_functor.mutator
+    class Rewriter(relax.PyExprMutator):
+        def visit_call_(self, call):
+            call = self.visit_expr_post_order(call)
+            kind = "full" if call.op.same_as(full) else "like" if call.op.same_as(full_like) else ""
+            value = call.args[1] if kind else None
+            if not isinstance(value, tvm.ir.Constant):
+                return call
+            array = value.value.numpy()
+            if array.size != 1 or np.isfinite(array).all():
+                return call
+            number = float(array.reshape(()))
+            shape = call.args[0] if kind == "full" else call.args[0].ty.shape
+            if shape is None:
+                return call
+            fill = relax.const(number, str(call.ty.dtype))
+            return relax.op.broadcast_to(fill, shape)
+
+    for name, func in list(mod.functions_items()):
+        if isinstance(func, relax.Function):
+            mod[name] = Rewriter().visit_expr(func)
+    return mod
 
 
 def _refuse_train_ops(calls, program):

@@ -155,11 +155,17 @@ def give_group_norms_their_affine(program) -> int:
     return changed
 
 
+INDEX_OPS = ("index.Tensor", "index_put.default", "index_put_.default")
+
+
 def wrap_negative_index_tensors(program) -> int:
-    """Make the integer index tensors of ``aten.index.Tensor`` non-negative; return how many.
+    """Make the integer index tensors of ``aten.index.Tensor`` and ``index_put`` non-negative;
+    return how many.
 
     ``x[:, [-1, 0]]`` indexes with a tensor holding -1; TVM's importer makes it a ``take`` in
-    "fast" mode, which reads before the tensor (silently wrong, as for ``select``). Each index
+    "fast" mode, which reads before the tensor (silently wrong, as for ``select``), and
+    tvmamp's ``index_put`` converter scatters with ``scatter_nd``, which reads no negative
+    index either. Each index
     tensor along a dimension of size ``n`` becomes ``where(i < 0, i + n, i)``, so run-time
     indices are handled too; along a symbolic dimension (a dynamic batch) ``n`` is its
     ``sym_size``.
@@ -168,7 +174,7 @@ def wrap_negative_index_tensors(program) -> int:
 
     aten, graph, changed = torch.ops.aten, program.graph, 0
     for node in list(graph.nodes):
-        if node.op != "call_function" or _overload_name(node) != "index.Tensor":
+        if node.op != "call_function" or _overload_name(node) not in INDEX_OPS:
             continue
         source, indices = node.args[0], list(node.args[1])
         value = _value(source)
@@ -226,3 +232,73 @@ def put_grid_channels_first(program) -> int:
     if changed:
         program.graph_module.recompile()
     return changed
+
+
+# Elementwise binary ops whose result dtype is the one torch computes in (type promotion).
+ARITHMETIC_OPS = frozenset(
+    f"{op}.{overload}"
+    for op in ("add", "sub", "rsub", "mul", "div", "floor_divide", "remainder", "fmod", "pow")
+    for overload in ("Tensor", "Scalar", "Tensor_mode", "Scalar_mode", "default")
+) | {"pow.Tensor_Scalar", "pow.Tensor_Tensor", "remainder.Scalar_Tensor"}
+# Comparisons: a bool result, computed in the promoted dtype of their operands.
+COMPARISON_OPS = frozenset(
+    f"{op}.{overload}"
+    for op in ("eq", "ne", "lt", "le", "gt", "ge")
+    for overload in ("Tensor", "Scalar")
+)
+
+
+def compute_binary_ops_in_their_dtype(program) -> int:
+    """Cast the tensor operands of binary ops to the dtype torch computes them in; return how
+    many operands were cast.
+
+    TVM's importer converts a Python scalar operand to the tensor's dtype and divides two
+    integer tensors in integers, where torch promotes: ``int_tensor * 2.5`` multiplied by 2,
+    ``int_tensor / 3`` truncated and ``int_tensor < 2.5`` compared with 2 (all silently wrong),
+    and ``int_tensor // 2.5`` failed ("Binary operators must have the same datatype"). An
+    operand whose dtype is not the one torch computes in (the result's dtype for arithmetic,
+    ``torch.result_type`` of the operands for comparisons) gets an ``aten._to_copy`` to it.
+    """
+    import torch
+
+    graph, changed = program.graph, 0
+    for node in list(graph.nodes):
+        name = _overload_name(node)
+        if node.op != "call_function" or (name not in ARITHMETIC_OPS | COMPARISON_OPS):
+            continue
+        operands = list(node.args[:2])
+        values = [_value(a) if hasattr(a, "meta") else a for a in operands]
+        if len(values) < 2 or not all(_is_tensor_or_number(torch, v) for v in values):
+            continue
+        result = _value(node)
+        if not isinstance(result, torch.Tensor):
+            continue
+        dtype = result.dtype
+        if name in COMPARISON_OPS:
+            dtype = torch.result_type(*(_dtype_stand_in(torch, v) for v in values))
+        for i, (arg, value) in enumerate(zip(operands, values)):
+            if not isinstance(value, torch.Tensor) or value.dtype == dtype:
+                continue
+            with graph.inserting_before(node):
+                cast = graph.call_function(
+                    torch.ops.aten._to_copy.default, (arg,), {"dtype": dtype}
+                )
+            cast.meta["val"] = value.to(dtype)
+            operands[i] = cast
+            changed += 1
+        node.args = (*operands, *node.args[2:])
+    if changed:
+        program.graph_module.recompile()
+    return changed
+
+
+def _is_tensor_or_number(torch, value) -> bool:
+    return isinstance(value, (torch.Tensor, bool, int, float))
+
+
+def _dtype_stand_in(torch, value):
+    """``value`` for ``torch.result_type``: a Python number, or an empty tensor of the tensor's
+    dtype and rank (a 0-d tensor promotes like a scalar)."""
+    if isinstance(value, torch.Tensor):
+        return torch.empty([0] * value.dim(), dtype=value.dtype)
+    return value

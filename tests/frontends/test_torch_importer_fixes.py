@@ -1,0 +1,259 @@
+"""tvmamp.from_torch: aten ops TVM's importer translated wrongly or could not translate.
+
+elu's scale (selu), full of -inf (causal masks), Python-int operands of integer division,
+dtype promotion with Python scalars, index_put with fewer index tensors than dims, advanced
+indexing with sliced dims, nn.Unfold and nn.Fold: each against eager torch at O0 and O2.
+"""
+
+import numpy as np
+import pytest
+
+import tvmamp
+
+torch = pytest.importorskip("torch")
+nn, F = torch.nn, torch.nn.functional
+
+TARGET = "llvm -num-cores=1"
+O0_TOL = 1e-5
+O2_TOL = 2e-2
+
+
+class Lambda(nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *xs):
+        return self.fn(*xs)
+
+
+def _check(model, *xs, levels=("O0", "O2"), exact=False):
+    """Build ``model`` at each level and compare with eager torch (NaNs must match)."""
+    model = model if isinstance(model, nn.Module) else Lambda(model)
+    tensors = tuple(torch.from_numpy(x) for x in xs)
+    mod, params = tvmamp.from_torch(model, tensors)
+    with torch.no_grad():
+        want = model(*tensors).numpy()
+    for level in levels:
+        got = tvmamp.build(mod, level, TARGET, params=params)(*xs)
+        assert got.dtype == want.dtype and got.shape == want.shape, level
+        if exact:
+            np.testing.assert_array_equal(got, want, err_msg=level)
+        else:
+            tol = O0_TOL if level == "O0" else O2_TOL
+            np.testing.assert_allclose(got, want, rtol=tol, atol=tol, err_msg=level)
+
+
+def _floats(rng, *shape, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype("float32")
+
+
+def _ints(rng, *shape, high=40):
+    """Random nonzero int64 values of both signs."""
+    return rng.integers(1, high, shape) * rng.choice([-1, 1], shape)
+
+
+# ---------------------------------------------------------------- elu family (selu's scale)
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        F.selu,
+        nn.SELU(),
+        lambda x: F.elu(x, alpha=0.3),
+        F.elu,
+        lambda x: F.celu(x, 2.0),
+        lambda x: torch.ops.aten.elu(x, 0.5, 1.3, 0.7),  # alpha, scale and input_scale
+    ],
+    ids=["selu", "SELU", "elu_alpha", "elu", "celu", "elu_all_args"],
+)
+def test_elu_family_honours_scale_and_input_scale(fn, rng):
+    _check(fn, _floats(rng, 3, 16, scale=3.0))
+
+
+# ---------------------------------------------------------------- non-finite fills
+
+
+class CausalDecoder(nn.Module):
+    """A TransformerDecoderLayer whose causal mask is built in forward (torch.full of -inf)."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = nn.TransformerDecoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+
+    def forward(self, tgt, memory):
+        size = tgt.shape[1]
+        mask = torch.triu(torch.full((size, size), float("-inf")), 1)
+        return self.layer(tgt, memory, tgt_mask=mask)
+
+
+def test_causal_mask_of_negative_infinity_in_a_decoder_layer(rng):
+    torch.manual_seed(0)
+    _check(CausalDecoder().eval(), _floats(rng, 2, 5, 16), _floats(rng, 2, 4, 16))
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: x + torch.triu(torch.full((x.shape[1], x.shape[1]), float("-inf")), 1),
+        lambda x: x + nn.Transformer.generate_square_subsequent_mask(x.shape[-1]),
+        lambda x: x + torch.full((7,), float("nan")),
+        lambda x: torch.minimum(x, torch.full_like(x, float("inf"))),
+        lambda x: torch.maximum(x, x.new_full((7, 7), float("-inf"))),
+        lambda x: torch.maximum(x, torch.zeros_like(x).fill_(float("-inf"))),
+    ],
+    ids=["full_ninf", "square_subsequent_mask", "full_nan", "full_like_inf", "new_full", "fill"],
+)
+def test_fills_of_infinity_and_nan(fn, rng):
+    _check(fn, _floats(rng, 3, 7, 7)[0], levels=("O0",))
+
+
+# ---------------------------------------------------------------- scalars and integer tensors
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: x // 3,
+        lambda x: x // -3,
+        lambda x: x % 3,
+        lambda x: x % -3,
+        lambda x: torch.div(x, 4, rounding_mode="trunc"),
+        lambda x: torch.div(x, -4, rounding_mode="trunc"),
+        lambda x: 100 // x,
+        lambda x: -7 % x,
+        lambda x: x // (x.abs() // 2 + 1).int(),
+        lambda x: (x >> 2) + (x << 1),
+    ],
+    ids=[
+        "floordiv",
+        "floordiv_neg",
+        "mod",
+        "mod_neg",
+        "trunc",
+        "trunc_neg",
+        "rfloordiv",
+        "rmod",
+        "int64_by_int32",
+        "shifts",
+    ],
+)
+def test_integer_tensor_with_python_int(fn, rng):
+    _check(fn, _ints(rng, 3, 16), exact=True)
+
+
+def test_integer_division_from_float_input(rng):
+    """The tester's case: ``(x * 10).long() // 3``, then float ``//`` and ``%`` by ints."""
+
+    def fn(x):
+        n = (x * 10).long()
+        return (n // 3 + n % -3).float() + torch.div(x * 10, -3, rounding_mode="floor") + x % -3
+
+    _check(fn, _floats(rng, 3, 16))
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: x * 2.5,
+        lambda x: (x < 2.5) | (x == -2.5),
+        lambda x: 2.5 - x,
+        lambda x: x / 3,
+        lambda x: x / (x.abs() + 1),
+        lambda x: x // 2.5,
+        lambda x: x.abs() ** 0.5,
+        lambda x: (x > 0) * 2.5 + ((x > 0) + 1),
+    ],
+    ids=["mul", "compare", "rsub", "truediv", "truediv_tensors", "floordiv", "pow", "bool"],
+)
+def test_integer_tensor_promotes_like_torch(fn, rng):
+    x = _ints(rng, 3, 16, high=6)  # includes +-2, which 2.5 truncated to 2 would misjudge
+    _check(fn, x, levels=("O0",))
+    _check(lambda t: fn(t).float(), x, levels=("O2",))
+
+
+# ---------------------------------------------------------------- index_put and index
+
+
+def _put_rows(x):
+    y = x.clone()
+    y[torch.tensor([2, 0])] = torch.arange(1.0, 17.0)
+    return y
+
+
+def _put_cols(x):
+    y = x.clone()
+    y[:, torch.tensor([3, -1])] = -1.5
+    return y
+
+
+def _put_apart(x):
+    y = x.clone()
+    y[torch.tensor([0, 1]), :, torch.tensor([1, -2])] = torch.tensor([[7.0], [8.0]]).expand(2, 3)
+    return y
+
+
+def _add_repeated(x):
+    y = x.clone()
+    y[:, torch.tensor([1, 1, 3])] += torch.arange(1.0, 10.0).reshape(3, 3)
+    return y
+
+
+@pytest.mark.parametrize(
+    "fn, shape",
+    [
+        (_put_rows, (3, 16)),
+        (_put_cols, (3, 16)),
+        (_put_apart, (2, 3, 4)),
+        (_add_repeated, (3, 5)),
+        (lambda x: x.index_put((torch.tensor([0, 2, 0, -1]),), torch.ones(4, 16), True), (3, 16)),
+        (lambda x: x.index_put((torch.tensor([[0], [2]]), torch.tensor([1, 5])), x[0, 0]), (3, 8)),
+    ],
+    ids=["rows", "cols", "apart", "accumulate_repeated", "accumulate_rows", "all_dims"],
+)
+def test_index_put(fn, shape, rng):
+    _check(fn, _floats(rng, *shape))
+
+
+@pytest.mark.parametrize(
+    "fn, shape",
+    [
+        (lambda x: x[:, torch.tensor([[0, 1, 2]]), torch.tensor([1, 2, 3])], (2, 3, 16)),
+        (lambda x: x[torch.tensor([0, 1]), :, torch.tensor([1, -2])], (2, 3, 16)),
+        (lambda x: x[:, torch.tensor([0, 1]), :, torch.tensor([[1], [2]])], (2, 3, 4, 5)),
+        (lambda x: x[:, torch.tensor([[0, -1]]), torch.tensor([-1, 2])], (2, 3, 16)),
+    ],
+    ids=["sliced_first", "apart", "apart_broadcast", "negative"],
+)
+def test_index_with_sliced_dims(fn, shape, rng):
+    """Several index tensors with a full slice among them (TVM took them as an outer product)."""
+    _check(fn, _floats(rng, *shape))
+
+
+@pytest.mark.parametrize(
+    "module, shape",
+    [
+        (nn.Unfold(3, padding=1, stride=2), (2, 4, 9, 11)),
+        (nn.Unfold((2, 3), dilation=(2, 1), padding=(1, 0), stride=(1, 2)), (2, 3, 7, 8)),
+        (nn.Fold((5, 5), 3), (2, 36, 9)),
+        (nn.Fold((7, 8), (2, 3), dilation=(2, 1), padding=(1, 0), stride=(1, 2)), (2, 18, 21)),
+    ],
+    ids=["unfold", "unfold_dilated", "fold", "fold_dilated"],
+)
+def test_unfold_and_fold(module, shape, rng):
+    _check(module, _floats(rng, *shape))
+
+
+class FoldUnfold(nn.Module):
+    def forward(self, x):
+        return F.fold(F.unfold(x, 3, padding=1), (6, 5), 3, padding=1)
+
+
+def test_unfold_and_fold_with_a_dynamic_batch(rng):
+    x = _floats(rng, 3, 2, 6, 5)
+    mod, params = tvmamp.from_torch(FoldUnfold(), (torch.from_numpy(x),), dynamic_batch=True)
+    exe = tvmamp.build(mod, "O0", TARGET, params=params)
+    for batch in (2, 3):
+        want = FoldUnfold()(torch.from_numpy(x[:batch])).numpy()
+        np.testing.assert_allclose(exe(x[:batch]), want, rtol=O0_TOL, atol=O0_TOL)
