@@ -6,6 +6,7 @@ import os
 from collections.abc import Mapping
 
 from .common import UnsupportedOperatorError, require, split_params
+from .onnx_fold import fold_shape_constants
 from .onnx_rnn import RECURRENT_OPS, expand_recurrent
 
 _COMPONENT = "tvmamp.from_onnx"
@@ -44,6 +45,10 @@ def from_onnx(
     into standard ops unrolled over the sequence (see :mod:`tvmamp.frontends.onnx_rnn`), so
     their sequence length must be static (from the model or ``shape_dict``). Their weights
     are imported as new parameters named after the node (``<node>.W_t.forward``...).
+
+    Static shape arithmetic (``Shape``, ``Size`` and small computations of constants, as
+    ``torch.onnx.export`` emits for ``chunk``, ``view``...) is folded into ``Constant`` nodes
+    first (see :mod:`tvmamp.frontends.onnx_fold`), so that TVM sees static shapes.
     """
     onnx = require("onnx", "onnx", _COMPONENT)
     model = read_model(onnx, model)
@@ -56,6 +61,7 @@ def from_onnx(
 
     shapes = {k: [int(d) for d in v] for k, v in (shape_dict or {}).items()}
     model = _without_initializer_inputs(onnx, model)
+    model = fold_shape_constants(model, shapes)
     model = expand_recurrent(model, shapes, opset)
     mod = tvm_from_onnx(model, shapes or None, dtype_dict, opset=opset, keep_params_in_input=True)
     func = mod["main"]
