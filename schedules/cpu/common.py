@@ -212,11 +212,22 @@ def fuse_transposed_inner(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -
     ``out[n, c, h, w] = rows[h * W + w, c]`` becomes ``[n, c, h * w]``, whose two innermost loops
     :func:`schedule_injective` then tiles in squares. Returns False (nothing done) when the
     block does not read a transposed operand or its loops were already transformed.
+
+    A pure copy that :func:`.transpose_intrin.strided_copy` finds transposing (a reshape's
+    ``((g * 160 + c) // 480 + p) % 196 // 14`` hides it from :func:`_reads_transposed`) first
+    has its indices simplified (``x[0, g * 160 + c, p // 14, p % 14]``), and counts as
+    transposed.
     """
     stmt = sch.get(block)
     loops = sch.get_loops(block)
-    if not _reads_transposed(stmt) or len(loops) != len(stmt.iter_vars):
+    if len(loops) != len(stmt.iter_vars):
         return False
+    strided = transpose.strided_copy(stmt) is not None
+    if strided:
+        stmt = _simplify_indices(sch, block)
+    if not _reads_transposed(stmt):
+        return strided
+    loops = sch.get_loops(block)
     last = set()
     for read in stmt.reads:
         if read.region:  # a 0-d read (a scalar) has no last index
@@ -229,6 +240,17 @@ def fuse_transposed_inner(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -
     if count >= 2:
         sch.fuse(*loops[-count:])
     return True
+
+
+def _simplify_indices(sch: s_tir.Schedule, block) -> s_tir.SBlock:
+    """Simplify the buffer indices of ``block`` with its iterators' ranges (an identity
+    ``transform_block_layout``); return the block, as it was when that does not apply."""
+    count = len(sch.get(block).iter_vars)
+    try:
+        sch.transform_block_layout(block, tirx.IndexMap.from_func(lambda *v: list(v), ndim=count))
+    except ScheduleError:
+        pass
+    return sch.get(block)
 
 
 def _reads_transposed(stmt: s_tir.SBlock) -> bool:
@@ -284,19 +306,31 @@ def schedule_injective(
     reads a transposed operand is tiled in squares of at most ``lanes`` (:func:`_square_tile`)
     over its two innermost loops. The loops outside the vector are fused and, when
     ``parallel``, run in parallel.
+
+    With vectors of 16 elements or more, a transposing copy (or fp32 -> bf16 cast) of 16- or
+    32-bit elements is copied by 16 x 16 register transposes (:mod:`.transpose_intrin`): in
+    whole tiles over the two innermost loops when they are multiples of 16
+    (:func:`_tensorize_transpose`), else over the whole nest with overlapping last tiles
+    (:func:`_tensorize_strided`).
     """
     loops = sch.get_loops(block)
     extents = [static_extent(sch.get(loop).extent) for loop in loops]
     square = _square_tile(extents, lanes) if len(loops) > 1 else None
-    if square is not None and _reads_transposed(sch.get(block)):
-        outer, vec = _tile_square(sch, loops, square)
-        llvm_ir = _tensorize_transpose(sch, block, extents) if square == transpose.SIDE else None
-        if llvm_ir is not None:
-            fused = sch.fuse(*outer)
-            if parallel:
-                sch.parallel(fused)
-            sch.annotate(fused, "pragma_import_llvm", llvm_ir)
+    transposed = square is not None and _reads_transposed(sch.get(block))
+    if lanes >= transpose.SIDE:
+        if transposed and square == transpose.SIDE:
+            found = _tensorize_transpose(sch, block, extents)
+            if found is not None:
+                llvm_ir, tile = found
+                fused = sch.fuse(*sch.get_loops(tile))
+                if parallel:
+                    sch.parallel(fused)
+                sch.annotate(fused, "pragma_import_llvm", llvm_ir)
+                return
+        if _tensorize_strided(sch, block, parallel):
             return
+    if transposed:
+        outer, vec = _tile_square(sch, loops, square)
     elif extents[-1] % lanes == 0:
         vec_outer, vec = sch.split(loops[-1], [None, lanes])
         outer = [*loops[:-1], vec_outer]
@@ -340,11 +374,12 @@ def _square_tile(extents: list, lanes: int) -> int | None:
     return top if min(extents[-2:]) >= bottom else None
 
 
-def _tensorize_transpose(sch: s_tir.Schedule, block, extents: list) -> str | None:
-    """Copy each 16 x 16 tile of a transposing copy with :mod:`.transpose_intrin`.
+def _tensorize_transpose(sch: s_tir.Schedule, block, extents: list) -> tuple | None:
+    """Tile the two innermost loops by 16 x 16 and copy each tile with :mod:`.transpose_intrin`.
 
     Only whole tiles of a bare copy of 16- or 32-bit elements, or of an fp32 -> bf16 cast.
-    Returns the LLVM IR the kernel must import, or None with ``sch`` unchanged.
+    Returns the LLVM IR the kernel must import and the tensorized tile block (under the
+    tiles' outer loops), or None with ``sch`` unchanged.
     """
     stmt = sch.get(block)
     if len(stmt.reads) != 1 or any(e is None or e % transpose.SIDE for e in extents[-2:]):
@@ -354,15 +389,69 @@ def _tensorize_transpose(sch: s_tir.Schedule, block, extents: list) -> str | Non
     if found is None:
         return None
     intrin, llvm_ir = found
-    row = sch.get_loops(block)[-2]
+
+    def tensorize(target: s_tir.Schedule):
+        _tile_square(target, target.get_loops(block), transpose.SIDE)
+        tile = target.blockize(target.get_loops(block)[-2])
+        target.tensorize(tile, intrin)
+        return tile
+
     try:
-        trial = sch.copy()  # a failed tensorize must leave no trace in ``sch``
-        inner = trial.get_loops(trial.get_sblock(stmt.name_hint))[-2]
-        trial.tensorize(trial.blockize(inner), intrin)
+        tensorize(sch.copy())  # a failed tensorize must leave no trace in ``sch``
     except (ScheduleError, ValueError, KeyError):
         return None
-    sch.tensorize(sch.blockize(row), intrin)
-    return llvm_ir
+    return llvm_ir, tensorize(sch)
+
+
+def _tensorize_strided(sch: s_tir.Schedule, block, parallel: bool) -> bool:
+    """Copy a transposing copy with 16 x 16 register transposes over its whole loop nest.
+
+    For pure copies and fp32 -> bf16 casts only (:func:`.transpose_intrin.strided_copy`):
+    extents that are not multiples of 16 (196 or 49 pixels), a group axis between the
+    transposed ones (``[196, 3, 160]`` from ``[480, 196]``), reshapes' ``//`` and ``%``. The
+    loop nest is blockized and tensorized by :func:`.transpose_intrin.strided_copy_intrin`,
+    whose outer loop runs in parallel when ``parallel``. Returns False with ``sch`` unchanged
+    when the block is not such a copy or does not fit.
+    """
+    copy = transpose.strided_copy(sch.get(block))
+    if copy is None:
+        return False
+
+    def nest(target: s_tir.Schedule):
+        loops = target.get_loops(block)
+        if not loops or len(target.get_child_blocks(loops[0])) != 1:
+            raise NotApplicable("the block shares its loop nest")
+        return target.blockize(loops[0], preserve_unit_iters=False)
+
+    try:
+        trial = sch.copy()  # a failed tensorize must leave no trace in ``sch``
+        outer = nest(trial)
+        intrin = transpose.strided_copy_intrin(copy, _realize(trial, outer), parallel)
+        if intrin is None:
+            return False
+        trial.tensorize(outer, intrin)
+    except (NotApplicable, RuntimeError, ValueError, KeyError) as err:  # ScheduleError, TVM's
+        logger.info("a transposing copy keeps the vector copy: %s", err)
+        return False
+    sch.tensorize(nest(sch), intrin)
+    return True
+
+
+def _realize(sch: s_tir.Schedule, block) -> s_tir.SBlockRealize:
+    """The ``SBlockRealize`` of ``block``, a block of the function's root scope."""
+    target = sch.get(block)
+    stack = [sch.get(get_root_block(sch)).body]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, s_tir.SBlockRealize):
+            if node.block.same_as(target):
+                return node
+            stack.append(node.block.body)
+        elif isinstance(node, tirx.SeqStmt):
+            stack.extend(node.seq)
+        elif hasattr(node, "body"):
+            stack.append(node.body)
+    raise NotApplicable("no realize of the block")
 
 
 def _tile_square(sch: s_tir.Schedule, loops: list, lanes: int) -> tuple[list, object]:

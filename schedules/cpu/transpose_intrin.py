@@ -7,13 +7,25 @@ whole, transposes them with the block-swap network (stage ``b`` = 8, 4, 2, 1 swa
 rows per output row), and stores 16 whole rows. It is LLVM IR text, inlined into the kernel
 (``pragma_import_llvm``) and called through a tensor intrinsic; LLVM picks the target's
 shuffles (``vpermt2w``/``vpermt2d`` with AVX-512). Elements of 16 and 32 bits.
+
+:func:`strided_copy` and :func:`strided_copy_intrin` take any pure transposing copy whose
+element offsets are affine in its iterators (NCHW planes to channel rows with the channels
+split in groups, ``[h * w, c // 16, c % 16]`` rows back to planes) and extents not multiples of
+16: the whole loop nest becomes one intrinsic of 16 x 16 transposes, the last tile of each
+ragged extent overlapping the one before it.
 """
 
 from __future__ import annotations
 
-from tvm import DataType
+import dataclasses
+
+import tvm_ffi
+from tvm import DataType, s_tir, tirx
+from tvm.ir import Range, TensorLoad
 from tvm.s_tir import TensorIntrin
 from tvm.script import tirx as T
+from tvm.sym import detect_linear_equation
+from tvm.sym.analyzer import Analyzer
 
 SIDE = 16
 BITS = (16, 32)
@@ -331,12 +343,249 @@ def planes_intrin(src: str, dst: str, height: int, width: int) -> tuple[str, str
     return _register(name, src, dst, lambda f: _make_planes(src, dst, height, width, f))
 
 
+@dataclasses.dataclass(frozen=True)
+class StridedCopy:
+    """A pure copy ``dst[...] = src[...]`` (or an fp32 -> bf16 cast) as a transposition of
+    flat element offsets: ``rows`` is the axis contiguous in ``src``, ``cols`` the axis
+    contiguous in ``dst``, ``outer`` the other axes (see :func:`strided_copy`).
+
+    Element ``(o, r, c)`` goes from ``src[src_base + o . outer_src + r + c * cols[1]]`` to
+    ``dst[dst_base + o . outer_dst + r * rows[1] + c]``.
+    """
+
+    src: tirx.Buffer
+    dst: tirx.Buffer
+    rows: tuple[int, int]  # (extent, dst stride)
+    cols: tuple[int, int]  # (extent, src stride)
+    outer: tuple[tuple[int, int, int], ...]  # (extent, src stride, dst stride)
+    base: tuple[int, int]  # (src, dst)
+
+
+def strided_copy(block: s_tir.SBlock) -> StridedCopy | None:
+    """``block`` as a :class:`StridedCopy` whose two transposed extents are at least 16, or None.
+
+    None unless the block only stores one load of another buffer, as it is or rounded from
+    fp32 to bf16, with 16- or 32-bit elements; stores to its iterators themselves (every
+    element written once); and reads at an offset affine in its iterators (``//`` and ``%``
+    of a reshape simplified away). Only such a copy may be run in overlapping tiles: a tile
+    written twice gets the same values twice.
+    """
+    store = block.body
+    if block.init is not None or block.alloc_buffers or block.match_buffers:
+        return None
+    if not isinstance(store, tirx.BufferStore) or len(block.reads) != 1:
+        return None
+    load = store.value.value if isinstance(store.value, tirx.Cast) else store.value
+    if not isinstance(load, TensorLoad) or load.source.same_as(store.buffer):
+        return None
+    src, dst = load.source, store.buffer
+    to_bf16 = (str(src.dtype), str(dst.dtype)) == ("float32", "bfloat16")
+    if isinstance(store.value, tirx.Cast) != to_bf16:
+        return None
+    if str(src.dtype) != str(dst.dtype) and not to_bf16:
+        return None
+    if DataType(str(dst.dtype)).bits * DataType(str(dst.dtype)).lanes not in BITS:
+        return None
+    static = [iv.dom.extent for iv in block.iter_vars] + list(src.shape) + list(dst.shape)
+    if src.strides or dst.strides or not all(isinstance(e, tirx.IntImm) for e in static):
+        return None
+    iters = [iv.var for iv in block.iter_vars]
+    written = list(store.indices)
+    if not iters or not all(isinstance(index, tirx.Var) for index in written):
+        return None
+    if any(a.same_as(b) for k, a in enumerate(written) for b in written[:k]):
+        return None  # an element written more than once
+    if any(
+        int(iv.dom.extent) > 1 and not any(iv.var.same_as(index) for index in written)
+        for iv in block.iter_vars
+    ):
+        return None  # iterations writing one element, in turn
+    analyzer = Analyzer()
+    for iv in block.iter_vars:
+        analyzer.bind(iv.var, iv.dom)
+    strides = []
+    dtype = str(iters[0].ty)
+    for buffer, indices in ((src, load.indices), (dst, store.indices)):
+        found = _affine(analyzer, _flat_offset(buffer, indices, dtype), iters)
+        if found is None:
+            return None
+        strides.append(found)
+    (src_strides, src_base), (dst_strides, dst_base) = strides
+    axes = [
+        (int(iv.dom.extent), s, d)
+        for iv, s, d in zip(block.iter_vars, src_strides, dst_strides)
+        if int(iv.dom.extent) > 1
+    ]
+    axes = _coalesce(axes)
+    rows = [axis for axis in axes if axis[1] == 1]
+    cols = [axis for axis in axes if axis[2] == 1]
+    if len(rows) != 1 or len(cols) != 1 or rows[0] is cols[0]:
+        return None
+    (row,), (col,) = rows, cols
+    if min(row[0], col[0]) < SIDE:
+        return None
+    outer = tuple(axis for axis in axes if axis is not row and axis is not col)
+    return StridedCopy(src, dst, (row[0], row[2]), (col[0], col[1]), outer, (src_base, dst_base))
+
+
+def _flat_offset(buffer: tirx.Buffer, indices, dtype: str) -> tirx.PrimExpr:
+    """The element offset of ``buffer[indices]`` from the first element of ``buffer`` (compact,
+    of a static shape), of ``dtype`` (the iterators' integer type)."""
+    shape = [int(extent) for extent in buffer.shape]
+    strides = [1] * len(shape)
+    for i in range(len(shape) - 2, -1, -1):
+        strides[i] = strides[i + 1] * shape[i + 1]
+    offset = tirx.IntImm(dtype, 0)
+    for index, stride in zip(indices, strides):
+        index = index if str(index.ty) == dtype else tirx.Cast(dtype, index)
+        offset = offset + index * tirx.IntImm(dtype, stride)
+    return offset
+
+
+def _affine(analyzer: Analyzer, offset, iters) -> tuple[list[int], int] | None:
+    """``offset`` as ``(coefficients of iters, constant)``, or None when it is not affine."""
+    offset = analyzer.simplify(offset)
+    found = detect_linear_equation(offset, iters)
+    if len(found) != len(iters) + 1 or not all(isinstance(c, tirx.IntImm) for c in found):
+        return None
+    linear = found[-1]
+    for coefficient, var in zip(found[:-1], iters):
+        linear = linear + coefficient * var
+    if not analyzer.can_prove_equal(offset, linear):
+        return None
+    return [int(c) for c in found[:-1]], int(found[-1])
+
+
+def _coalesce(axes: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    """Merge axes ``u`` and ``v`` that run on as one (``stride_u = extent_v * stride_v`` in both
+    ``src`` and ``dst``): an ``h, w`` pair of pixels becomes one axis of ``h * w``."""
+    axes = list(axes)
+    merged = True
+    while merged:
+        merged = False
+        for u, (extent_u, src_u, dst_u) in enumerate(axes):
+            for v, (extent_v, src_v, dst_v) in enumerate(axes):
+                if u != v and src_u == extent_v * src_v and dst_u == extent_v * dst_v:
+                    axes[v] = (extent_u * extent_v, src_v, dst_v)
+                    del axes[u]
+                    merged = True
+                    break
+            if merged:
+                break
+    return axes
+
+
+def strided_copy_intrin(copy: StridedCopy, nest: s_tir.SBlockRealize, parallel: bool) -> str | None:
+    """Register (once) the tensor intrinsic that runs ``nest``, the whole loop nest of ``copy``
+    blockized, as 16 x 16 register transposes; return its name, or None when ``nest`` does
+    not read and write both buffers whole.
+
+    The description is ``nest`` itself (its copy with fresh variables and buffers), so any
+    loop structure and index expressions match. The implementation loops over the outer axes
+    and the tiles of ``rows`` (in parallel when ``parallel``), then the tiles of ``cols``; the
+    last tile of an extent that is not a multiple of 16 starts 16 before its end. It imports
+    the LLVM IR of the transpose itself (``pragma_import_llvm`` on its outer loop).
+    """
+    block = nest.block
+    for regions, buffer in ((block.reads, copy.src), (block.writes, copy.dst)):
+        if len(regions) != 1 or not _whole(regions[0], buffer):
+            return None
+    if not _unpredicated(block.body):  # a ``T.where`` would skip elements the tiles write
+        return None
+    desc = s_tir.renew_defs(tirx.PrimFunc([copy.src, copy.dst], nest))
+    impl = _strided_impl(copy, parallel)
+    name = f"tvmamp_strided_copy_{tvm_ffi.structural_hash([desc, impl]) & (2**64 - 1):016x}"
+    found = TensorIntrin.get(name, allow_missing=True)
+    if found is None:
+        TensorIntrin.register(name, desc, impl)
+    elif not tvm_ffi.structural_equal([found.desc, found.impl], [desc, impl]):
+        return None  # a hash collision: leave the copy to the other schedules
+    return name
+
+
+def _unpredicated(stmt) -> bool:
+    """Whether ``stmt``, a loop nest, holds one block, realized without a predicate."""
+    while isinstance(stmt, tirx.For):
+        stmt = stmt.body
+    if not isinstance(stmt, s_tir.SBlockRealize):
+        return False
+    predicate = stmt.predicate
+    return isinstance(predicate, tirx.IntImm) and int(predicate) == 1
+
+
+def _whole(region, buffer: tirx.Buffer) -> bool:
+    """Whether ``region`` is all of ``buffer``."""
+    return all(
+        isinstance(rng.min, tirx.IntImm)
+        and isinstance(rng.extent, tirx.IntImm)
+        and int(rng.min) == 0
+        and int(rng.extent) == int(extent)
+        for rng, extent in zip(region.region, buffer.shape)
+    )
+
+
+def _strided_impl(copy: StridedCopy, parallel: bool) -> tirx.PrimFunc:
+    """The implementation of :func:`strided_copy_intrin`: loops calling the 16 x 16 transpose."""
+    src_type, dst_type = str(copy.src.dtype), str(copy.dst.dtype)
+    bits = DataType(dst_type).bits * DataType(dst_type).lanes
+    to_bf16 = src_type != dst_type
+    src = tirx.decl_buffer(copy.src.shape, src_type, "S")
+    dst = tirx.decl_buffer(copy.dst.shape, dst_type, "D")
+    (rows, dst_row_stride), (cols, src_col_stride) = copy.rows, copy.cols
+    row_tiles, col_tiles = -(-rows // SIDE), -(-cols // SIDE)
+    i64 = lambda value: tirx.IntImm("int64", value)  # noqa: E731
+    outer_count = 1
+    for extent, _, _ in copy.outer:
+        outer_count *= extent
+    task, col_tile = tirx.Var("task", "int64"), tirx.Var("col_tile", "int64")
+
+    def start(tile, extent):  # the last tile of a ragged extent overlaps the one before
+        return tirx.Min(tile * SIDE, i64(extent - SIDE)) if extent % SIDE else tile * SIDE
+
+    row, col = start(task % row_tiles, rows), start(col_tile, cols)
+    src_offset, dst_offset = i64(copy.base[0]), i64(copy.base[1])
+    rest = task // row_tiles
+    for extent, src_stride, dst_stride in reversed(copy.outer):  # innermost first
+        index = rest % extent
+        rest = rest // extent
+        src_offset, dst_offset = src_offset + index * src_stride, dst_offset + index * dst_stride
+    src_offset = src_offset + row + col * src_col_stride
+    dst_offset = dst_offset + row * dst_row_stride + col
+    src_bytes, dst_bytes = DataType(src_type).bits // 8, DataType(dst_type).bits // 8
+
+    def pointer(buffer, offset, size):
+        first = tirx.address_of(tirx.BufferLoad(buffer, [i64(0)] * len(buffer.shape)))
+        return tirx.call_intrin("handle", "tirx.handle_add_byte_offset", first, offset * size)
+
+    call = tirx.call_extern(
+        "void",
+        function_name(bits, to_bf16),
+        pointer(dst, dst_offset, dst_bytes),
+        i64(dst_row_stride * dst_bytes),
+        pointer(src, src_offset, src_bytes),
+        i64(src_col_stride * src_bytes),
+    )
+    body = tirx.For(col_tile, i64(0), i64(col_tiles), tirx.ForKind.SERIAL, tirx.Evaluate(call))
+    kind = tirx.ForKind.PARALLEL if parallel else tirx.ForKind.SERIAL
+    annotations = {"pragma_import_llvm": llvm_ir(bits, to_bf16)}
+    body = tirx.For(task, i64(0), i64(outer_count * row_tiles), kind, body, annotations=annotations)
+
+    def whole(buffer):
+        return tirx.BufferRegion(buffer, [Range.from_min_extent(0, n) for n in buffer.shape])
+
+    root = s_tir.SBlock([], [whole(src)], [whole(dst)], "root", body)
+    return tirx.PrimFunc([src, dst], s_tir.SBlockRealize([], True, root))
+
+
 __all__ = [
     "BITS",
     "SIDE",
+    "StridedCopy",
     "intrin_name",
     "llvm_ir",
     "planes_intrin",
     "rows_intrin",
+    "strided_copy",
+    "strided_copy_intrin",
     "transpose_intrin",
 ]
