@@ -86,10 +86,14 @@ _CHUNK = 16
 
 
 def _row_reduce(x, axis: int, reduce, combine):
-    """``reduce`` over ``axis`` (dropped): a body of whole chunks, then the tail."""
-    n = int(x.shape[axis])
-    body = n - n % _CHUNK
+    """``reduce`` over ``axis`` (dropped): a body of whole chunks, then the tail (one
+    reduction when the axis is symbolic, e.g. a dynamic sequence length)."""
+    n = x.shape[axis]
     shape = [d for i, d in enumerate(x.shape) if i != axis]
+    if not isinstance(n, tirx.IntImm):
+        return te.compute(shape, _reducer(x, axis, reduce, 0, te.reduce_axis((0, n))))
+    n = int(n)
+    body = n - n % _CHUNK
     parts = []
     for start, size in ((0, body), (body, n - body)) if 0 < body < n else ((0, n),):
         parts.append(te.compute(shape, _reducer(x, axis, reduce, start, te.reduce_axis((0, size)))))

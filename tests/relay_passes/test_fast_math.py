@@ -170,3 +170,22 @@ def test_other_powers_are_left_to_tvm():
     tvm.ir.assert_structural_equal(FastMath()(mod), mod)
     x = np.random.default_rng(2).uniform(0.5, 3, (3, 77)).astype("float32")
     assert_close(tvmamp.build(mod, "O0")(x), x.astype("float64") ** 2.3, **tolerance("float32"))
+
+
+@pytest.mark.parametrize("level", ["O0", "O2"])
+def test_softmax_over_a_symbolic_axis(level):
+    """A softmax over a dynamic sequence length (a BERT exported with dynamic axes) builds:
+    its reduction is one loop over the symbolic extent, not a body of whole vectors."""
+    n, s = tvm.tirx.Var("n", "int64"), tvm.tirx.Var("s", "int64")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((n, 4, s, s), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.nn.softmax(x, axis=-1))
+        bb.emit_func_output(out)
+    exe = tvmamp.build(bb.get(), level, "llvm")
+    rng = np.random.default_rng(0)
+    for shape in [(2, 4, 7, 7), (1, 4, 33, 33)]:
+        a = rng.standard_normal(shape).astype("float32")
+        ref = np.exp(a - a.max(-1, keepdims=True))
+        np.testing.assert_allclose(exe(a), ref / ref.sum(-1, keepdims=True), rtol=1e-5, atol=1e-6)
