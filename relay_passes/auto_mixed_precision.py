@@ -16,6 +16,19 @@ How it works, binding by binding (one pass, in program order):
   (:func:`_feeds_fp32_only`) before the rewrite.
 - Inputs are cast lazily, each value at most once per dtype and block, and a value made by one
   of our casts is never cast back: the original is used instead, so no f32->low->f32 round trip.
+- Values that do not depend on the function's inputs (constants, shapes, generators such as
+  ``arange``/``zeros``/``eye``, and everything computed from them only) keep the dtypes they were
+  written in, at every level: FoldConstant folds them when their shape is static, and they are
+  position and index arithmetic (RoPE angles, interpolation coordinates, masks) that bf16, which
+  holds integers exactly only up to 256, would ruin. A consumer that mixes them with an
+  activation converts them like constants: they do not decide its dtype.
+- Index values: a float computed by ``astype`` from an integer or bool tensor (positions from
+  ``cumsum(mask) - 1``, counts, ``(ids > 0).float()``), and what an op computes from such values
+  and input-free ones only, keep their written dtypes too (reason ``"index_values"``) until they
+  meet an activation; that op follows the policy as for any fp32 activation. Of the white ops
+  only those that do not accumulate join in (``outer``, ``prelu``, a ``matmul`` contracting a
+  dimension of 1, as in ``inv_freq @ position_ids.float()``): a convolution of an image cast
+  from uint8, or a GEMM of integer features, is the model's own compute and runs low.
 - Constants (bound params included) are converted at compile time. The overflow guard follows
   each constant through ops that only move, repeat or select its values (permute_dims, reshape,
   broadcast_to, take, strided_slice, float casts, ...): an op that would take such a value in a
@@ -36,11 +49,24 @@ from tvm.ir.expr import Constant
 from tvm.relax import PyExprMutator
 
 from tvmamp.policy import Category, Policy
-from tvmamp.tensors import FLOAT_DTYPES, np_dtype, tensor_dtype
+from tvmamp.tensors import FLOAT_DTYPES, np_dtype, static_shape, tensor_dtype
 
 from .amp_report import AmpReport, ForcedNode, NodeDecision
 
 _CAST_OPS = ("relax.astype", "relax.wrap_param")
+# Ops that make a tensor from attributes and shapes only: their values do not depend on the
+# function's inputs (with a static shape FoldConstant computes them at compile time).
+_GENERATOR_OPS = (
+    "relax.arange",
+    "relax.zeros",
+    "relax.ones",
+    "relax.eye",
+    "relax.hamming_window",
+    "relax.shape_to_tensor",
+)
+# White ops that do not accumulate (an outer product, an elementwise scale): when they compute
+# on index values only they keep their dtypes as follow ops do; other white ops run low.
+_NON_ACCUMULATING_WHITE = ("relax.outer", "relax.nn.prelu")
 # Ops that only move data: converting their constant input gives exactly the converted output.
 _MOVEMENT_OPS = (
     "relax.permute_dims",
@@ -152,7 +178,11 @@ class _Rewriter(PyExprMutator):
         self._casts = [{}]  # one cache per binding block: (value, dtype) -> cast var
         self._constants = {}  # (constant, dtype) -> converted constant
         self._param_names = {}  # param var -> name
-        self._from_constants = set()  # vars computed from constants only (FoldConstant folds them)
+        # vars that do not depend on the inputs: computed from constants, shapes and generators
+        # (arange, zeros, ...) only; FoldConstant folds those with a static shape
+        self._from_constants = set()
+        self._generated = set()  # the input-free vars that a generator op (arange, ...) made
+        self._index_values = set()  # floats cast from integer tensors, and what only they make
         self._moved_constants = {}  # var -> data-movement call on a constant that produced it
         self._sources = {}  # var -> (constant, op names) when it holds only that constant's values
         self._peaks = {}  # constant -> largest finite magnitude in it
@@ -214,21 +244,22 @@ class _Rewriter(PyExprMutator):
 
     def visit_var_binding_(self, binding):
         self._unique_name = self._make_unique(binding.var.name)
-        value, nominal = binding.value, None
+        value, nominal, index = binding.value, None, False
         if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
             if value.op.name in _CAST_OPS:
                 value = self._rewrite_cast(value)
+                index = self._is_index_cast(value)
             else:
-                value, nominal = self._rewrite_op_call(binding.var, value)
+                value, nominal, index = self._rewrite_op_call(binding.var, value)
         elif isinstance(value, relax.Call):
             value = self._rewrite_function_call(value)
         elif isinstance(value, relax.If):
             value = self._rewrite_if(value, binding.var.ty)
         else:
             value = self.visit_expr(value)
-        self._bind(binding.var, value, nominal)
+        self._bind(binding.var, value, nominal, index)
 
-    def _bind(self, var, value, nominal):
+    def _bind(self, var, value, nominal, index=False):
         if isinstance(value, relax.Var) and (
             isinstance(var, relax.DataflowVar) or not isinstance(value, relax.DataflowVar)
         ):
@@ -243,51 +274,136 @@ class _Rewriter(PyExprMutator):
         source = self._source_of_value(value)
         if source is not None:
             self._sources[new_var] = source
-        if isinstance(value, relax.Call) and self._all_constant(value.args):
+        if isinstance(value, relax.Call) and self._input_free(value):
             self._from_constants.add(new_var)
+            if self._generator_call(value):
+                self._generated.add(new_var)
             op = value.op
             if isinstance(op, tvm.ir.Op) and op.name in _MOVEMENT_OPS:
                 if isinstance(value.args[0], Constant):
                     self._moved_constants[new_var] = value
+        elif index:
+            self._index_values.add(new_var)
+        elif isinstance(value, (relax.Var, relax.TupleGetItem)):
+            # an output alias, or a part of split(positions): what its source is. A part of a
+            # split of constants only is not followed (the overflow guard reports the ops that
+            # read it at run time).
+            whole = value.tuple_value if isinstance(value, relax.TupleGetItem) else value
+            if whole in self._generated or (
+                isinstance(value, relax.Var) and whole in self._from_constants
+            ):
+                self._from_constants.add(new_var)
+                if whole in self._generated:
+                    self._generated.add(new_var)
+            elif whole in self._index_values:
+                self._index_values.add(new_var)
+
+    def _input_free(self, call):
+        """Whether ``call`` computes only from constants, shapes and generated tensors."""
+        if self._all_constant(call.args):
+            return True
+        return (
+            isinstance(call.op, tvm.ir.Op)
+            and call.op.name in _GENERATOR_OPS
+            and not self._tensor_leaves(call.args)
+        )
+
+    def _generator_call(self, call):
+        """Whether an input-free ``call`` is a generator op or reads a generated value."""
+        if isinstance(call.op, tvm.ir.Op) and call.op.name in _GENERATOR_OPS:
+            return True
+        return any(a in self._generated for a in self._tensor_leaves(call.args))
 
     def _is_constant(self, expr):
+        """A constant, or a value that does not depend on the inputs (see ``_input_free``)."""
         return isinstance(expr, Constant) or expr in self._from_constants
 
-    def _all_constant(self, args):
+    @staticmethod
+    def _tensor_leaves(args):
         leaves = []
         for arg in args:
             leaves.extend(arg.fields if isinstance(arg, relax.Tuple) else [arg])
-        tensors = [a for a in leaves if isinstance(a.ty, (relax.TensorType, relax.TupleType))]
+        return [a for a in leaves if isinstance(a.ty, (relax.TensorType, relax.TupleType))]
+
+    def _all_constant(self, args):
+        tensors = self._tensor_leaves(args)
         return bool(tensors) and all(self._is_constant(a) for a in tensors)
+
+    def _is_index_cast(self, value):
+        """Whether a rewritten cast makes an index value: a float cast of an integer tensor.
+
+        A cast of an input-free tensor is input-free instead (``_bind`` checks that first).
+        """
+        if not isinstance(value, relax.Call) or value.op.name != "relax.astype":
+            return False
+        if str(value.attrs.dtype) not in FLOAT_DTYPES:
+            return False
+        source = value.args[0]
+        source_dtype = tensor_dtype(source)
+        if source_dtype is None:
+            return False
+        return source_dtype not in FLOAT_DTYPES or source in self._index_values
+
+    def _computes_on_index_values(self, op_name, args):
+        """Whether an op computes on index values and input-free values only.
+
+        Every float tensor among its inputs is one of them, and at least one is an index value
+        (integer and bool inputs, such as the indices of a take, do not count). White ops join in
+        only when they do not accumulate: see the module docstring.
+        """
+        floats = self._float_inputs(args)
+        if not any(e in self._index_values for e in floats):
+            return False
+        if not all(e in self._index_values or self._is_constant(e) for e in floats):
+            return False
+        if self.policy.category(op_name) is not Category.WHITE:
+            return True
+        if op_name in _NON_ACCUMULATING_WHITE:
+            return True
+        if op_name == "relax.matmul":  # a contraction of length 1 is an outer product
+            shape = static_shape(args[0].ty)
+            return shape is not None and len(shape) > 0 and shape[-1] == 1
+        return False
 
     # ---- op calls ------------------------------------------------------------------------
     def _rewrite_op_call(self, var, call):
+        """The rewritten call, its nominal dtype (or None) and whether it makes index values."""
         op_name = call.op.name
         args = [self.visit_expr(a) for a in call.args]
         if self._all_constant(args):
-            # FoldConstant computes this at compile time: keep the original dtypes (exact), and
-            # let each consumer take the dtype it needs (its cast is folded too).
-            new_args = [self._match_type(a, old.ty) for a, old in zip(args, call.args)]
-            return relax.Call(call.op, new_args, call.attrs, call.ty_args, call.span), None
+            # Input-free (FoldConstant computes it at compile time when its shape is static):
+            # keep the original dtypes (exact), and let each consumer take the dtype it needs.
+            return self._as_written(call, args), None, False
         inputs = self._float_inputs(args)
         dtype = self.policy.compute_dtype(op_name, self._decision_dtypes(inputs))
         if dtype is None:  # fixed dtypes: give the op what it was written for
-            new_args = [self._match_type(a, old.ty) for a, old in zip(args, call.args)]
-            return relax.Call(call.op, new_args, call.attrs, call.ty_args, call.span), None
+            return self._as_written(call, args), None, False
         node_id = f"{self._func_name}/{self._unique_name}"
         reason = "policy"
-        if self._undone_at_once(var, op_name, inputs, dtype):
+        index = self._computes_on_index_values(op_name, args)
+        if index:  # positions, counts: computed as written, in fp32 unless the model said else
+            written = [tensor_dtype(e) for e in self._float_inputs(call.args)]
+            dtype = "float32" if "float32" in written else written[0]
+            reason = "index_values"
+        elif self._undone_at_once(var, op_name, inputs, dtype):
             dtype, reason = "float32", "feeds_fp32"
         dtype, reason = self._override(var, node_id, op_name, inputs, dtype, reason)
         category = self.policy.category(op_name).value
         self.report.nodes.append(NodeDecision(node_id, op_name, dtype, category, reason))
         self.report.count_op(op_name, dtype)
+        if reason == "index_values":
+            return self._as_written(call, args), None, True
         new_args = [self._map_float(a, lambda e, _cur: self._to_dtype(e, dtype)) for a in args]
         attrs, nominal = call.attrs, None
         if dtype != "float32" and _has_field(attrs, "out_dtype"):
             attrs = _replace_attr(attrs, out_dtype=self.policy.accumulate_dtype)
             nominal = dtype
-        return relax.Call(call.op, new_args, attrs, call.ty_args, call.span), nominal
+        return relax.Call(call.op, new_args, attrs, call.ty_args, call.span), nominal, False
+
+    def _as_written(self, call, args):
+        """``call`` with its float inputs in the dtypes the program gave them."""
+        new_args = [self._match_type(a, old.ty) for a, old in zip(args, call.args)]
+        return relax.Call(call.op, new_args, call.attrs, call.ty_args, call.span)
 
     def _undone_at_once(self, var, op_name, inputs, dtype):
         """O2: a low follow op whose result only feeds fp32 ops and that reads an fp32 value.
@@ -430,9 +546,12 @@ class _Rewriter(PyExprMutator):
             cast = self.builder_.emit(relax.op.astype(expr, dtype))
             self._cast_source[cast] = expr
             cache[(expr, dtype)] = cast
-            if expr in self._from_constants:  # folded at compile time by FoldConstant
+            if expr in self._from_constants:
                 self._from_constants.add(cast)
-                self.report.constants_converted += 1
+            if expr in self._generated:
+                self._generated.add(cast)
+            if expr in self._from_constants and static_shape(expr.ty) is not None:
+                self.report.constants_converted += 1  # folded at compile time by FoldConstant
             else:
                 self.report.casts_inserted += 1
         return cache[(expr, dtype)]

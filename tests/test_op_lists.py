@@ -61,6 +61,7 @@ def test_tvm_follow_ops_only_leave_follow_for_a_listed_reason():
         "relax.nn.log_softmax",
         "relax.power",
         "relax.cumsum",
+        "relax.median",
     ],
 )
 def test_anchor_black_list_ops_stay_fp32(name):
@@ -101,3 +102,18 @@ def test_sorts_and_argmax_run_in_fp32_and_match_torch_at_o2():
     np.testing.assert_allclose(out, ref, rtol=2e-2, atol=2e-2)
     for name in ("relax.sort", "relax.argsort", "relax.topk", "relax.argmax", "relax.argmin"):
         assert DEFAULT_CATEGORIES[name] is Category.BLACK, name
+
+
+def test_ops_without_bf16_lowering_stay_fp32_at_o3_bf16_only():
+    """NO_BFLOAT16 names registered ops; bf16 keeps them fp32 even at O3, fp16 does not."""
+    from tvmamp.policy import Policy
+
+    assert len(op_lists.NO_BFLOAT16) == len(set(op_lists.NO_BFLOAT16))
+    assert set(op_lists.NO_BFLOAT16) <= _registry()
+    bf16 = Policy.for_level("O3", "bfloat16")
+    fp16 = Policy.for_level("O3", "float16")
+    for name in op_lists.NO_BFLOAT16:
+        assert bf16.compute_dtype(name, ["bfloat16"]) == "float32", name
+        assert fp16.compute_dtype(name, ["float16"]) == "float16", name
+    for name in ("relax.isnan", "relax.mod", "relax.slice_scatter", "relax.median"):
+        assert name in op_lists.NO_BFLOAT16, name
