@@ -395,7 +395,7 @@ class _Rewriter(PyExprMutator):
             return self._as_written(call, args), None, True
         new_args = [self._map_float(a, lambda e, _cur: self._to_dtype(e, dtype)) for a in args]
         attrs, nominal = call.attrs, None
-        if dtype != "float32" and _has_field(attrs, "out_dtype"):
+        if dtype != "float32" and _accumulates(op_name, attrs):
             attrs = _replace_attr(attrs, out_dtype=self.policy.accumulate_dtype)
             nominal = dtype
         return relax.Call(call.op, new_args, attrs, call.ty_args, call.span), nominal, False
@@ -727,6 +727,17 @@ def _dtypes_differ(have, want) -> bool:
     if isinstance(want, relax.TupleType) and isinstance(have, relax.TupleType):
         return any(_dtypes_differ(h, w) for h, w in zip(have.fields, want.fields))
     return False
+
+
+# Ops with an ``out_dtype`` that is not an accumulator: TVM's legalization of resize ignores
+# it, so a float32 ``out_dtype`` would annotate a result that is computed, and returned, low.
+_OUT_DTYPE_NOT_ACCUMULATOR = ("relax.image.resize2d", "relax.image.resize3d")
+
+
+def _accumulates(op_name: str, attrs) -> bool:
+    """Whether the op accumulates in its ``out_dtype`` (matmul, convs), which the low ops of
+    the pass set to the accumulate dtype."""
+    return op_name not in _OUT_DTYPE_NOT_ACCUMULATOR and _has_field(attrs, "out_dtype")
 
 
 def _has_field(attrs, name: str) -> bool:

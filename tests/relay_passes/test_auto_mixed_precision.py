@@ -505,3 +505,34 @@ def test_o2_fp32_accumulators_count_and_function_results_do_not():
     assert decided["main/z"] == ("float16", "policy")
     adds = [b.value for b in result["main"].body.blocks[0].bindings if b.var.name == "e"]
     assert adds[0].args[0].name == "y"  # the accumulator itself, not a cast of it
+
+
+@pytest.mark.parametrize("level", ["O2", "O3"])
+def test_resize_keeps_its_out_dtype_and_the_output_is_fp32(level):
+    """resize2d's out_dtype is not an accumulator (TVM's legalization ignores it): a float32
+    out_dtype on a bf16 resize returned a bf16 array from a keep_io_types model at O3, and
+    failed to build where the resize fed an fp32 op."""
+    import tvmamp
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 4, 6, 6), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.multiply(x, relax.const(2.0, "float32")))
+            out = bb.emit_output(relax.op.image.resize2d(y, (12, 12), method="linear"))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    converted = AutoMixedPrecision(Policy.for_level(level, "bfloat16"))(mod)
+    (resize,) = [
+        b.value
+        for block in converted["main"].body.blocks
+        for b in block.bindings
+        if isinstance(b.value, relax.Call) and b.value.op.name == "relax.image.resize2d"
+    ]
+    assert resize.attrs.out_dtype is None  # as written: not the fp32 accumulate dtype
+    exe = tvmamp.build(mod, level, "llvm", dtype="bfloat16")
+    a = np.random.default_rng(0).uniform(0.5, 1.5, (1, 4, 6, 6)).astype("float32")
+    out = exe(a)
+    assert out.dtype == np.float32
+    ref = tvmamp.build(mod, "O0", "llvm")(a)
+    np.testing.assert_allclose(out, ref, rtol=2e-2, atol=2e-2)
