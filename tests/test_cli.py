@@ -93,3 +93,33 @@ def test_compile_then_run_matches_the_python_api(tmp_path, capsys):
 def test_errors_are_reported_without_a_traceback(argv, message, capsys):
     assert main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def _embedding_model(batch):
+    """ids (int64, [batch, 5]) -> embedding -> mean -> linear."""
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    ids = relax.Var("ids", relax.TensorType((batch, 5), "int64"))
+    table = relax.const(np.random.default_rng(0).standard_normal((8, 4)).astype("float32"))
+    with bb.function("main", [ids]):
+        with bb.dataflow():
+            rows = bb.emit(relax.op.take(table, ids, axis=0))
+            out = bb.emit_output(relax.op.mean(rows, axis=[1]))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_example_inputs_follow_the_input_dtypes():
+    """Integer inputs get small non-negative integers (token ids any vocabulary accepts)."""
+    (ids,) = models.example_inputs(_embedding_model(3))
+    assert ids.dtype == np.int64 and ids.shape == (3, 5)
+    assert ids.min() >= 0 and ids.max() < 8
+    tvmamp.build(_embedding_model(3), "O2", "llvm")(ids)  # runs, no dtype error
+
+
+def test_example_inputs_name_a_symbolic_input():
+    from tvm import tirx
+
+    with pytest.raises(ValueError, match=r"input 'ids' has shape \[n, 5\].*--input-shape"):
+        models.example_inputs(_embedding_model(tirx.Var("n", "int64")))

@@ -173,8 +173,14 @@ def get_model(name: str, **kwargs):
 
 
 def example_inputs(mod: tvm.IRModule, seed: int = 1) -> list[np.ndarray]:
-    """Random non-zero float32 inputs matching the data inputs of ``main``."""
-    from .tensors import static_shape
+    """Random inputs matching the data inputs of ``main``: non-zero normal floats in each
+    input's float dtype, integers in ``[0, 8)`` (token ids and positions any vocabulary
+    accepts), random bools.
+
+    Raises ValueError, naming the input, when an input has a symbolic dimension (pass a static
+    shape: ``--input-shape`` on the command line).
+    """
+    from .tensors import np_dtype, static_shape
 
     func = mod["main"]
     n = (
@@ -183,4 +189,28 @@ def example_inputs(mod: tvm.IRModule, seed: int = 1) -> list[np.ndarray]:
         else len(func.params)
     )
     rng = np.random.default_rng(seed)
-    return [rng.standard_normal(static_shape(p.ty)).astype("float32") for p in func.params[:n]]
+    inputs = []
+    for param in func.params[:n]:
+        shape, dtype = static_shape(param.ty), str(getattr(param.ty, "dtype", "float32"))
+        if shape is None:
+            raise ValueError(
+                f"tvmamp: input {param.name!r} has shape {_dims(param.ty.shape)} with "
+                "symbolic dimensions; random example inputs need a static shape (on the "
+                "command line: --input-shape NAME=D0,D1,...)"
+            )
+        if dtype == "bool":
+            inputs.append(rng.integers(0, 2, shape).astype(bool))
+        elif dtype.startswith(("int", "uint")):
+            inputs.append(rng.integers(0, 8, shape).astype(dtype))
+        else:
+            inputs.append(rng.standard_normal(shape).astype(np_dtype(dtype)))
+    return inputs
+
+
+def _dims(shape) -> str:
+    """``[batch, 3, 16, 16]``: a shape's static sizes as numbers, symbolic ones by name."""
+    return (
+        "["
+        + ", ".join(str(int(d)) if isinstance(d, tvm.tirx.IntImm) else str(d) for d in shape)
+        + "]"
+    )

@@ -27,6 +27,12 @@ def add_build_options(p) -> None:
 
 def add_input_options(p) -> None:
     """--input-shape and --tuning-log: how a model file is imported and which kernels it uses."""
+    add_shape_option(p)
+    p.add_argument("--tuning-log", default=None, help="tuning log directory from tvmamp tune")
+
+
+def add_shape_option(p) -> None:
+    """--input-shape: static shapes for a model file's symbolic (or TorchScript's) inputs."""
     p.add_argument(
         "--input-shape",
         action="append",
@@ -34,7 +40,6 @@ def add_input_options(p) -> None:
         metavar="[NAME=]D0,D1,...",
         help="input shape, once per input in order (NAME= for ONNX input names)",
     )
-    p.add_argument("--tuning-log", default=None, help="tuning log directory from tvmamp tune")
 
 
 def _split(text: str):

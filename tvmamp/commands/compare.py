@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from .common import add_build_options, build_kwargs
+from .common import add_build_options, add_shape_option, build_kwargs
 
 
 def register(subparsers) -> None:
@@ -17,6 +17,7 @@ def register(subparsers) -> None:
         "overflow/underflow counts, and the first op over the threshold.",
     )
     add_build_options(p)
+    add_shape_option(p)
     p.add_argument("-o", "--output", default="amp_compare", help="output directory")
     p.add_argument(
         "--threshold",
@@ -32,11 +33,12 @@ def register(subparsers) -> None:
 def run(args) -> int:
     """Compare, print the summary, write accuracy.csv and accuracy.png."""
     from tvmamp import debugging, models
+    from tvmamp.frontends.files import parse_input_shapes
     from tvmamp.frontends.model_spec import load_model
 
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     log(f"[compare] loading {args.model} ...")
-    mod, params = load_model(args.model)
+    mod, params = load_model(args.model, input_shapes=parse_input_shapes(args.input_shape))
     inputs = models.example_inputs(mod, seed=args.seed)
     log(f"[compare] building and running fp32 and {args.level} instrumented builds ...")
     report = debugging.compare_accuracy(

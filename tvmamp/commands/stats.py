@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from .common import add_build_options, build_kwargs
+from .common import add_build_options, add_shape_option, build_kwargs
 
 
 def register(subparsers) -> None:
@@ -17,6 +17,7 @@ def register(subparsers) -> None:
         "calls in FP16 / BF16 / FP32 / Other, from the IR or (--executed) counted in a run.",
     )
     add_build_options(p)
+    add_shape_option(p)
     p.add_argument(
         "--executed",
         action="store_true",
@@ -32,11 +33,12 @@ def run(args) -> int:
     from tvmamp import debugging, models
     from tvmamp.conversion import convert
     from tvmamp.driver import build
+    from tvmamp.frontends.files import parse_input_shapes
     from tvmamp.frontends.model_spec import load_model
 
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     log(f"[stats] loading {args.model} ...")
-    mod, params = load_model(args.model)
+    mod, params = load_model(args.model, input_shapes=parse_input_shapes(args.input_shape))
     if args.executed:
         log(f"[stats] building an instrumented model at {args.level} and running it once ...")
         with debugging.operator_stats_collection(verbose=False) as stats:
