@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import functools
 import os
 import warnings
@@ -103,9 +104,26 @@ def make_target(options: dict) -> tvm.target.Target:
     if "mattr" in spec and isinstance(spec["mattr"], str):
         spec["mattr"] = spec["mattr"].split(",")
     try:
-        return tvm.target.Target(spec)
+        target = tvm.target.Target(spec)
     except Exception as err:  # TVM's own error types vary by failure
         raise ValueError(f"tvmamp: TVM rejected llvm target options {options!r}: {err}") from None
+    _check_cpu(target)
+    return target
+
+
+def _check_cpu(target: tvm.target.Target) -> None:
+    """Refuse an ``mcpu`` that LLVM does not know: LLVM only warns and compiles for a generic
+    CPU, so the default dtype silently became float16 and no vector unit was used."""
+    cpu = str(target.attrs.get("mcpu", "generic"))
+    known = [str(c) for c in codegen.llvm_get_cpu_archlist(target)]
+    if cpu == "generic" or not known or cpu in known:
+        return
+    close = difflib.get_close_matches(cpu, known, n=3)
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    raise ValueError(
+        f"tvmamp: LLVM does not know the CPU mcpu={cpu!r}{hint} (x86 examples: znver4, "
+        "sapphirerapids, skylake-avx512, x86-64-v3; or leave mcpu out for this machine's CPU)"
+    )
 
 
 def has_bf16(target: tvm.target.Target) -> bool:

@@ -73,3 +73,22 @@ def test_get_source_reads_the_formats_of_the_executables_entry(shouting):
     assert mine.get_source("shout") == exe.get_source("asm").upper()
     with pytest.raises(ValueError, match="'sass' is not one of asm, ll, cuda, ptx, shout"):
         mine.get_source("sass")
+
+
+@pytest.mark.parametrize(
+    "target, message",
+    [
+        ("llvm -mcpu=notacpu", r"does not know the CPU mcpu='notacpu' \(x86 examples"),
+        ("llvm -mcpu=znver", r"did you mean znver\d"),
+    ],
+)
+def test_an_unknown_cpu_is_refused(target, message):
+    """LLVM only warns about an unknown mcpu and compiles for a generic CPU (so the default
+    dtype silently became float16); tvmamp refuses it and names close CPU names."""
+    with pytest.raises(ValueError, match=message):
+        resolve_target(target)
+
+
+def test_known_cpus_resolve():
+    for cpu in ("znver4", "sapphirerapids", "skylake-avx512", "x86-64-v3"):
+        assert str(resolve_target(f"llvm -mcpu={cpu}")[0].attrs["mcpu"]) == cpu
