@@ -88,6 +88,7 @@ def test_compile_then_run_matches_the_python_api(tmp_path, capsys):
         (["compile", "missing.json", "-o", "x.so"], "no such model file"),
         (["compile", "simplenet", "--level", "O9", "-o", "x.so"], "level 'O9' is not one of"),
         (["run", "missing.so", "--inputs", "x.npy"], "no such file"),
+        (["compile", "simplenet", "-o", "/nonexistent/dir/x.so"], "does not exist"),
     ],
 )
 def test_errors_are_reported_without_a_traceback(argv, message, capsys):

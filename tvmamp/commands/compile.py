@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -71,6 +72,15 @@ def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def _check_output(path: str) -> None:
+    """Refuse an output path that cannot be written before the (long) compile, not after."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise ValueError(f"tvmamp compile: the folder of -o {path!r} does not exist: {folder}")
+    if not os.access(folder, os.W_OK):
+        raise ValueError(f"tvmamp compile: the folder of -o {path!r} is not writable: {folder}")
+
+
 def run(args) -> int:
     """Load, convert, compile and export, reporting each step and its time."""
     from tvmamp.conversion import convert
@@ -79,6 +89,7 @@ def run(args) -> int:
     from tvmamp.frontends.model_spec import load_model
 
     shapes = parse_input_shapes(args.input_shape)
+    _check_output(args.output)
     start = time.perf_counter()
     _log(f"[compile 1/4] loading and importing {args.model} ...")
     mod, params = load_model(args.model, input_shapes=shapes)
