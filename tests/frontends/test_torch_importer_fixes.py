@@ -257,3 +257,116 @@ def test_unfold_and_fold_with_a_dynamic_batch(rng):
     for batch in (2, 3):
         want = FoldUnfold()(torch.from_numpy(x[:batch])).numpy()
         np.testing.assert_allclose(exe(x[:batch]), want, rtol=O0_TOL, atol=O0_TOL)
+
+
+# ------------------------- bilinear / antialiased resize with torch's own coordinate mapping
+
+
+def _interp(**kw):
+    return lambda x: F.interpolate(x, **kw)
+
+
+@pytest.mark.parametrize("align", [False, True])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(scale_factor=1.5),
+        dict(scale_factor=0.5),
+        dict(scale_factor=1.7),
+        dict(scale_factor=(1.5, 0.5)),
+        dict(scale_factor=1.5, recompute_scale_factor=True),
+        dict(size=(7, 10)),
+        dict(size=(1, 1)),
+        dict(size=(1, 9)),
+        dict(size=(4, 1)),
+    ],
+)
+def test_bilinear_interpolate_maps_coordinates_like_torch(kw, align, rng):
+    fn = _interp(mode="bilinear", align_corners=align, **kw)
+    _check(fn, _floats(rng, 2, 3, 5, 7), levels=("O0",))
+
+
+def test_bilinear_interpolate_o2(rng):
+    _check(_interp(mode="bilinear", scale_factor=1.5), _floats(rng, 2, 3, 5, 7))
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
+@pytest.mark.parametrize(
+    "kw", [dict(size=(3, 4)), dict(scale_factor=0.5), dict(size=(9, 11)), dict(scale_factor=1.7)]
+)
+@pytest.mark.parametrize("align", [False, True])
+def test_antialiased_interpolate(mode, kw, align, rng):
+    fn = _interp(mode=mode, antialias=True, align_corners=align, **kw)
+    _check(fn, _floats(rng, 2, 3, 7, 9), levels=("O0",))
+
+
+@pytest.mark.parametrize(
+    "fn, shape",
+    [
+        (_interp(mode="linear", scale_factor=1.5), (2, 3, 9)),
+        (_interp(mode="linear", size=13, align_corners=True), (2, 3, 9)),
+        (_interp(mode="linear", scale_factor=0.5), (2, 3, 9)),
+        (_interp(mode="trilinear", scale_factor=1.5), (2, 3, 3, 4, 5)),
+    ],
+)
+def test_linear_and_trilinear_interpolate(fn, shape, rng):
+    _check(fn, _floats(rng, *shape), levels=("O0",))
+
+
+class Upsample(nn.Module):
+    def forward(self, x):
+        return F.interpolate(x, scale_factor=1.5, mode="bilinear")
+
+
+def test_bilinear_interpolate_with_a_dynamic_batch(rng):
+    model = Upsample()
+    x = _floats(rng, 2, 3, 5, 7)
+    mod, params = tvmamp.from_torch(model, (torch.from_numpy(x),), dynamic_batch=True)
+    exe = tvmamp.build(mod, "O0", TARGET, params=params)
+    for n in (1, 3):
+        xn = _floats(rng, n, 3, 5, 7)
+        want = model(torch.from_numpy(xn)).numpy()
+        np.testing.assert_allclose(exe(xn), want, rtol=O0_TOL, atol=O0_TOL)
+
+
+# ------------------------------------------------------------- avg_pool's divisor_override
+
+
+@pytest.mark.parametrize(
+    "fn, shape",
+    [
+        (lambda x: F.avg_pool2d(x, 2, 2, divisor_override=3), (2, 3, 7, 9)),
+        (lambda x: F.avg_pool2d(x, 3, 2, 1, divisor_override=5), (2, 3, 7, 9)),
+        (lambda x: F.avg_pool2d(x, 3, 2, 1, True, False, divisor_override=2), (2, 3, 8, 9)),
+        (lambda x: F.avg_pool2d(x, (2, 3), (3, 2), divisor_override=7), (3, 7, 9)),
+        (lambda x: F.avg_pool3d(x, 2, 2, 1, True, divisor_override=3), (2, 3, 5, 6, 7)),
+    ],
+)
+def test_avg_pool_divisor_override(fn, shape, rng):
+    _check(fn, _floats(rng, *shape))
+
+
+# ------------------------------------------------------- one-sided clamps of integer tensors
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: x.clamp(min=1),
+        lambda x: x.clamp(max=-3),
+        lambda x: x.clamp(-5, 7),
+        lambda x: torch.clamp_min(x, 2),
+        lambda x: torch.clamp_max(x, 2),
+        lambda x: x.clamp(min=x[:1]),
+    ],
+)
+@pytest.mark.parametrize("dtype", ["int64", "int32", "float32"])
+def test_one_sided_clamp(fn, dtype, rng):
+    x = _ints(rng, 4, 6).astype(dtype)
+    if dtype == "float32":
+        x = x + _floats(rng, 4, 6)
+    _check(fn, x, exact=dtype != "float32")
+
+
+def test_clamp_of_int_tensor_with_float_bound_promotes(rng):
+    _check(lambda x: x.clamp(min=1.5), _ints(rng, 4, 6))

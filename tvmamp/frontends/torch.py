@@ -203,6 +203,245 @@ def _upsample_nearest(node, importer):
     return importer.block_builder.emit(resize)
 
 
+def _static_ints(dims):
+    """``dims`` as Python ints, or None when any of them is symbolic."""
+    import tvm
+
+    if not all(isinstance(d, (int, tvm.tirx.IntImm)) for d in dims):
+        return None
+    return [int(d) for d in dims]
+
+
+def _resample_taps(node, axis, in_dims, out_dims, dtype):
+    """The (index, weight) taps torch's own kernel uses along spatial ``axis`` of ``node``.
+
+    The op is linear and separable, and its weights along one axis do not depend on the
+    others: run it on ``in_dims[axis]`` one-hot images that are two pixels wide along the other
+    axes (kept at size 2, scale 1: torch's antialiased kernel gets one-pixel axes wrong), so
+    ``out[k, 0, ..., o, ...]`` is the weight of input pixel ``k`` in output pixel ``o``.
+    Torch's own source-index mapping (``1 / scale`` with ``scale_factor``, ``align_corners``,
+    antialias filters, an output of size 1) comes out as it is.
+    Returns ``(index, weight)`` arrays of shape ``(out, taps)``.
+    """
+    import numpy as np
+    import torch
+
+    args = list(node.args) + [None] * (5 - len(node.args))
+    size, align = args[1], args[2]
+    if node.target._overloadname == "vec":
+        scales = node.kwargs.get("scale_factors", args[3])
+        size = node.kwargs.get("output_size", size)
+        if size is not None:
+            call = ([out_dims[axis] if i == axis else 2 for i in range(len(in_dims))], align, None)
+        else:
+            call = (
+                None,
+                align,
+                [float(scales[i]) if i == axis else 1.0 for i in range(len(in_dims))],
+            )
+    else:
+        scales = [node.kwargs.get(n, args[3 + i]) for i, n in enumerate(("scales_h", "scales_w"))]
+        size = [out_dims[axis] if i == axis else 2 for i in range(len(in_dims))]
+        call = (size, align, *[scales[i] if i == axis else None for i in range(len(in_dims))])
+    align = node.kwargs.get("align_corners", align)
+    call = (call[0], align, *call[2:])
+    n = in_dims[axis]
+    shape = [n, 1, *[n if i == axis else 1 for i in range(len(in_dims))]]
+    wide = [n, 1, *[n if i == axis else 2 for i in range(len(in_dims))]]
+    basis = torch.eye(n, dtype=dtype).reshape(shape).expand(wide).contiguous()
+    with torch.no_grad():
+        out = node.target(basis, *call)
+    first = [slice(None) if i == axis else 0 for i in range(len(in_dims))]
+    matrix = out[(slice(None), 0, *first)].T.double().numpy()  # (out, in)
+    assert matrix.shape[0] == out_dims[axis], (matrix.shape, out_dims, axis)
+    taps = max(1, int((matrix != 0).sum(1).max()))
+    index = np.zeros((matrix.shape[0], taps), "int64")
+    weight = np.zeros((matrix.shape[0], taps), "float64")
+    for o, row in enumerate(matrix):
+        nonzero = np.flatnonzero(row)
+        index[o] = nonzero[0] if len(nonzero) else 0  # padding taps: weight 0, own pixel
+        index[o, : len(nonzero)] = nonzero
+        weight[o, : len(nonzero)] = row[nonzero]
+    return index, weight
+
+
+def _upsample_separable(node, importer):
+    """``upsample_bilinear2d`` (``.vec``/``.default``) and the antialiased ``_upsample_*_aa``.
+
+    TVM's importer maps output to input coordinates by ``in / out`` where torch, given a
+    ``scale_factor``, steps by ``1 / scale`` (a 5 x 7 image scaled by 1.5 was off by up to 1.4,
+    silently); it runs antialiased resizes as plain bilinear (off by 1.8 downsampling), and an
+    output of size 1 with ``align_corners=True`` divided by zero. Here, with static spatial
+    sizes, each spatial axis is resampled in turn by gathering its taps (``take``) and adding
+    them up with constant weights, both taken from torch's own kernel (:func:`_resample_taps`).
+    """
+    import numpy as np
+    import torch
+    from tvm import relax
+
+    x = importer.env[node.args[0]]
+    target = str(node.target)
+    dims = importer.shape_of(x)
+    in_dims = _static_ints([dims[i] for i in range(2, len(dims))])
+    out_val = node.meta.get("val")
+    out_dims = _static_ints(list(out_val.shape)[2:]) if out_val is not None else None
+    if in_dims is None or out_dims is None:
+        scales = node.args[3] if len(node.args) > 3 else node.kwargs.get("scale_factors")
+        align = node.args[2] if len(node.args) > 2 else node.kwargs.get("align_corners")
+        single = out_dims is not None and align and 1 in out_dims  # TVM divides by out - 1
+        if target.endswith("upsample_bilinear2d.vec") and not scales and not single:
+            return importer._upsample_bilinear2d(node)  # an output size: in / out, as torch
+        raise UnsupportedOperatorError(
+            f"tvmamp.from_torch: {target} with symbolic spatial sizes is not supported "
+            "(torch's scale_factor / antialias mapping needs static input and output sizes); "
+            "export with static image sizes or pass an explicit output size",
+            [target],
+        )
+    dtype = str(x.ty.dtype)
+    torch_dtype = out_val.dtype if out_val.dtype.is_floating_point else torch.float32
+    bb, out = importer.block_builder, x
+    for axis in range(len(in_dims)):
+        index, weight = _resample_taps(node, axis, in_dims, out_dims, torch_dtype)
+        if np.array_equal(index[:, 0], np.arange(in_dims[axis])) and index.shape[1] == 1:
+            if np.all(weight == 1):
+                continue  # the identity along this axis
+        bcast = [1] * (len(in_dims) - axis - 1)
+        total = None
+        for tap in range(index.shape[1]):
+            w = weight[:, tap]
+            if tap > 0 and not w.any():
+                continue
+            picked = relax.op.take(out, relax.const(index[:, tap]), axis=2 + axis)
+            if not np.all(w == 1):
+                w = relax.const(w.reshape(-1, *bcast).astype(dtype))
+                picked = relax.op.multiply(picked, w)
+            picked = bb.emit(picked)
+            total = picked if total is None else bb.emit(relax.op.add(total, picked))
+        out = total
+    return out
+
+
+def _avg_pool(node, importer):
+    """``aten.avg_pool2d``/``avg_pool3d`` with ``divisor_override``: window sum / divisor.
+
+    TVM's importer drops ``divisor_override`` and divides by the window size (0.25 off for a
+    2 x 2 window and divisor 3, silently). Here the input is zero-padded explicitly (and past
+    its end where ``ceil_mode`` makes a last partial window), every window is then whole, and
+    the mean over the window times ``window size / divisor`` is torch's sum / divisor.
+    """
+    from tvm import relax
+
+    args = list(node.args) + [None] * (7 - len(node.args))
+    names = ("kernel_size", "stride", "padding", "ceil_mode", "count_include_pad")
+    for i, name in enumerate(names, start=1):
+        args[i] = node.kwargs.get(name, args[i])
+    divisor = node.kwargs.get("divisor_override", args[6])
+    nd = 3 if "avg_pool3d" in str(node.target) else 2
+    if divisor is None:
+        return importer._avg_pool3d(node) if nd == 3 else importer._avg_pool2d(node)
+    x = importer.env[node.args[0]]
+
+    def per_dim(value, default):
+        value = default if value is None or value == [] else value
+        value = list(value) if isinstance(value, (list, tuple)) else [value]
+        return [int(v) for v in value] * (nd if len(value) == 1 else 1)
+
+    kernel = per_dim(args[1], None)
+    stride = per_dim(args[2], kernel)
+    padding = per_dim(args[3], 0)
+    bb, batched = importer.block_builder, x.ty.ndim == nd + 2
+    if not batched:
+        x = bb.emit(relax.op.expand_dims(x, 0))
+    dims = importer.shape_of(x)
+    in_dims = [dims[i] for i in range(2, len(dims))]
+    out_val = node.meta.get("val")
+    out_dims = _static_ints(list(out_val.shape)[-nd:]) if out_val is not None else None
+    extra = [0] * nd
+    if args[4]:  # ceil_mode: the last window may pass the padded input
+        static_in = _static_ints(in_dims)
+        if static_in is None or out_dims is None:
+            raise UnsupportedOperatorError(
+                f"tvmamp.from_torch: {node.target} with divisor_override and ceil_mode=True "
+                "needs static spatial sizes",
+                [str(node.target)],
+            )
+        for i in range(nd):
+            needed = (out_dims[i] - 1) * stride[i] + kernel[i]
+            extra[i] = max(0, needed - static_in[i] - 2 * padding[i])
+    if any(padding) or any(extra):
+        widths = [0, 0, 0, 0] + [w for i in range(nd) for w in (padding[i], padding[i] + extra[i])]
+        x = bb.emit(relax.op.nn.pad(x, widths, "constant", 0.0))
+    pool, layout = (
+        (relax.op.nn.avg_pool3d, "NCDHW") if nd == 3 else (relax.op.nn.avg_pool2d, "NCHW")
+    )
+    mean = bb.emit(pool(x, kernel, stride, [0] * (2 * nd), layout=layout))
+    window = 1
+    for k in kernel:
+        window *= k
+    dtype = str(mean.ty.dtype)
+    out = bb.emit(relax.op.multiply(mean, relax.const(window / float(divisor), dtype)))
+    return out if batched else bb.emit(relax.op.squeeze(out, [0]))
+
+
+def _clamp(node, importer):
+    """``aten.clamp``/``clamp_min``/``clamp_max`` (scalar or tensor bounds, either may be None).
+
+    TVM's importer makes a missing bound an infinite ``clip`` bound, which an integer tensor
+    cannot hold ("Cannot convert infinity to BigInt" for ``int_tensor.clamp(min=1)``, and so
+    for every 1-D linear and trilinear interpolate, which torch decomposes into one). Here each
+    given bound is a ``maximum``/``minimum`` in the result's dtype.
+    """
+    import math
+
+    from tvm import relax
+
+    name = node.target.__name__
+    x = importer.env[node.args[0]]
+    rest = list(node.args[1:])
+    if name.startswith("clamp_min"):
+        low, high = (rest[0] if rest else node.kwargs.get("min")), None
+    elif name.startswith("clamp_max"):
+        low, high = None, (rest[0] if rest else node.kwargs.get("max"))
+    else:
+        rest += [None] * (2 - len(rest))
+        low = node.kwargs.get("min", rest[0])
+        high = node.kwargs.get("max", rest[1])
+    result = node.meta.get("val")
+    dtype = (
+        importer._convert_data_type(result.dtype, importer.env)
+        if getattr(result, "dtype", None) is not None
+        else str(x.ty.dtype)
+    )
+    bb = importer.block_builder
+    if str(x.ty.dtype) != dtype:
+        x = bb.emit(relax.op.astype(x, dtype))
+
+    def bound(value, infinite):
+        if value is None:
+            return None
+        if isinstance(value, (bool, int, float)):
+            if isinstance(value, float) and math.isinf(value) and value == infinite:
+                return None
+            if isinstance(value, float) and math.isinf(value) and "float" not in dtype:
+                raise UnsupportedOperatorError(
+                    f"tvmamp.from_torch: {node.target} of an integer tensor with an infinite "
+                    f"bound {value} is not supported",
+                    [str(node.target)],
+                )
+            return relax.const(value, dtype)
+        value = importer.env[value]
+        if str(value.ty.dtype) != dtype:
+            value = bb.emit(relax.op.astype(value, dtype))
+        return value
+
+    low, high = bound(low, -math.inf), bound(high, math.inf)
+    if low is not None:
+        x = bb.emit(relax.op.maximum(x, low))
+    if high is not None:
+        x = bb.emit(relax.op.minimum(x, high))
+    return x
+
+
 def _extremum(reduce):
     """A converter of ``aten.amax``/``amin(x, dim=(), keepdim=False)``: ``reduce`` over ``dim``
     (every axis when it is empty, as in torch). TVM's importer has none, so ``torch.logsumexp``
@@ -442,6 +681,18 @@ def _converters() -> dict:
 
     return {
         "upsample_nearest2d.vec": _upsample_nearest,
+        "upsample_bilinear2d.vec": _upsample_separable,
+        "upsample_bilinear2d.default": _upsample_separable,
+        "_upsample_bilinear2d_aa.default": _upsample_separable,
+        "_upsample_bicubic2d_aa.default": _upsample_separable,
+        "_upsample_bilinear2d_aa.vec": _upsample_separable,
+        "_upsample_bicubic2d_aa.vec": _upsample_separable,
+        "avg_pool2d.default": _avg_pool,
+        "avg_pool3d.default": _avg_pool,
+        "clamp.default": _clamp,
+        "clamp.Tensor": _clamp,
+        "clamp_min.default": _clamp,
+        "clamp_max.default": _clamp,
         "amax.default": _extremum(relax.op.max),
         "amin.default": _extremum(relax.op.min),
         "elu.default": _elu,
