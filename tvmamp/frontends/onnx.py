@@ -6,7 +6,7 @@ import os
 from collections.abc import Mapping
 
 from .common import UnsupportedOperatorError, require, split_params
-from .onnx_fold import fold_shape_constants
+from .onnx_fold import constant_initializers, fold_shape_constants, prepare_for_import
 from .onnx_rnn import RECURRENT_OPS, expand_recurrent
 
 _COMPONENT = "tvmamp.from_onnx"
@@ -46,6 +46,17 @@ def from_onnx(
     their sequence length must be static (from the model or ``shape_dict``). Their weights
     are imported as new parameters named after the node (``<node>.W_t.forward``...).
 
+    Small integer initializers and those read as shapes, indices or scales (``Expand``
+    shape, ``Slice`` bounds, ``Resize`` scales...) are imported as constants, not params (see
+    :func:`tvmamp.frontends.onnx_fold.constant_initializers`): TVM needs them static.
+    Negative ``axis`` attributes are made non-negative where the rank is known, empty
+    ``Resize`` roi/scales/sizes become absent, and a ``Resize`` whose constant scales give a
+    non-integer ``in * scale`` (which TVM would resize inexactly) is rewritten exactly as
+    ``Pad(edge) -> Resize(sizes) -> Slice``, or raises :class:`UnsupportedOperatorError`
+    where that is not possible (see :func:`tvmamp.frontends.onnx_fold.prepare_for_import`).
+    Where TVM's importer fails on a model with symbolic input dimensions, the error (a
+    ``ValueError`` chained to TVM's) names them and suggests a static ``shape_dict``.
+
     Static shape arithmetic (``Shape``, ``Size`` and small computations of constants, as
     ``torch.onnx.export`` emits for ``chunk``, ``view``...) is folded into ``Constant`` nodes
     first (see :mod:`tvmamp.frontends.onnx_fold`), so that TVM sees static shapes.
@@ -61,12 +72,68 @@ def from_onnx(
 
     shapes = {k: [int(d) for d in v] for k, v in (shape_dict or {}).items()}
     model = _without_initializer_inputs(onnx, model)
+    model = constant_initializers(model)
     model = fold_shape_constants(model, shapes)
+    model = prepare_for_import(model, shapes)
     model = expand_recurrent(model, shapes, opset)
-    mod = tvm_from_onnx(model, shapes or None, dtype_dict, opset=opset, keep_params_in_input=True)
+    try:
+        mod = tvm_from_onnx(
+            model, shapes or None, dtype_dict, opset=opset, keep_params_in_input=True
+        )
+    except Exception as err:
+        symbolic = _symbolic_inputs(model, shapes)
+        if not symbolic:
+            raise
+        raise _symbolic_error(err, symbolic) from err
     func = mod["main"]
     values = list(func.attrs["params"]) if "params" in func.attrs else []
     return split_params(mod, values, _COMPONENT)
+
+
+def _symbolic_inputs(model, shapes):
+    """Input name -> dims (int, or the symbol / "?" where not static) of the data inputs
+    with a non-static dimension that ``shapes`` does not fix."""
+    initializers = {t.name for t in model.graph.initializer}
+    found = {}
+    for value in model.graph.input:
+        if value.name in initializers or value.name in shapes:
+            continue
+        tensor = value.type.tensor_type
+        if not tensor.HasField("shape"):
+            found[value.name] = None
+            continue
+        dims = [
+            d.dim_value if d.HasField("dim_value") else (d.dim_param or "?")
+            for d in tensor.shape.dim
+        ]
+        if any(not isinstance(d, int) for d in dims):
+            found[value.name] = dims
+    return found
+
+
+def _symbolic_error(err, symbolic):
+    if isinstance(err, UnsupportedOperatorError):
+        cls = UnsupportedOperatorError
+    else:
+        cls = ValueError
+    described = ", ".join(
+        f"{name} {tuple(dims) if dims is not None else '(unknown rank)'}"
+        for name, dims in symbolic.items()
+    )
+    example = ", ".join(
+        f"{name!r}: ({', '.join(str(d) if isinstance(d, int) else '...' for d in dims or ['...'])})"
+        for name, dims in symbolic.items()
+    )
+    text = str(err).strip() or type(err).__name__
+    message = (
+        f"{_COMPONENT}: TVM's ONNX importer failed on a model with symbolic input dimensions "
+        f"({described}); TVM does not support every op with symbolic shapes. Pass static "
+        f"shapes, e.g. shape_dict={{{example}}} with the '...' filled in. "
+        f"The importer said: {type(err).__name__}: {text}"
+    )
+    if cls is UnsupportedOperatorError:
+        return cls(message, err.operators)
+    return cls(message)
 
 
 def graph_inputs(model) -> list[str]:

@@ -490,3 +490,374 @@ def _used_names(graph):
                     stack.append(a.g)
                 stack.extend(a.graphs)
     return used
+
+
+# ----------------------------------------------------------------- before TVM's import
+
+# Inputs that TVM's importer reads as static values (shapes, indices, scales...), by op: an
+# initializer there must be a Constant, not a run-time parameter.
+_SHAPE_SLOTS = {
+    "Expand": (1,),
+    "Reshape": (1,),
+    "Tile": (1,),
+    "Slice": (1, 2, 3, 4),
+    "Pad": (1, 2, 3),
+    "Resize": (1, 2, 3),
+    "Upsample": (1,),
+    "ConstantOfShape": (0,),
+    "TopK": (1,),
+    "Unsqueeze": (1,),
+    "Squeeze": (1,),
+    "Split": (1,),
+    "Range": (0, 1, 2),
+    "OneHot": (1, 2),
+    "CumSum": (1,),
+    "Trilu": (1,),
+    "CenterCropPad": (1, 2),
+    "Col2Im": (1, 2, 3),
+    "MaxUnpool": (2,),
+    "NonMaxSuppression": (2, 3, 4),
+    "DFT": (1, 2),
+    "STFT": (1, 3),
+    "ReduceSum": (1,),
+    "ReduceMean": (1,),
+    "ReduceMax": (1,),
+    "ReduceMin": (1,),
+    "ReduceProd": (1,),
+    "ReduceL1": (1,),
+    "ReduceL2": (1,),
+    "ReduceLogSum": (1,),
+    "ReduceLogSumExp": (1,),
+    "ReduceSumSquare": (1,),
+}
+_SMALL_INTS = 1024  # integer and bool initializers up to this size become Constants
+
+# Ops whose ``axis``/``axes`` attribute counts in the rank of input 0 (negative: from the end).
+_AXIS_OPS = frozenset(
+    {
+        "Split",
+        "Concat",
+        "Softmax",
+        "LogSoftmax",
+        "Hardmax",
+        "Gather",
+        "GatherElements",
+        "ArgMax",
+        "ArgMin",
+        "Flatten",
+        "TopK",
+        "LayerNormalization",
+        "Squeeze",
+        "ReduceSum",
+        "ReduceMean",
+        "ReduceMax",
+        "ReduceMin",
+        "ReduceProd",
+        "ReduceL1",
+        "ReduceL2",
+        "ReduceLogSum",
+        "ReduceLogSumExp",
+        "ReduceSumSquare",
+        "Compress",
+        "ScatterElements",
+        "LpNormalization",
+    }
+)
+# Resize coordinate modes whose mapping uses the scale, not in/out sizes.
+_SCALE_MODES = frozenset({"half_pixel", "pytorch_half_pixel", "asymmetric", "half_pixel_symmetric"})
+
+
+def constant_initializers(model):
+    """``model``, or a copy where the initializers TVM must see as constants are Constant nodes.
+
+    ``tvm_from_onnx(keep_params_in_input=True)`` makes every initializer a run-time parameter,
+    but its converters need static values for shapes and indices (an ``Expand`` shape that is
+    a parameter builds into an impure ``vm.builtin.tensor_to_shape`` call, which fails). The
+    rule: an initializer that is not a graph input becomes a ``Constant`` node of the same
+    name when
+
+    * it is an integer or bool tensor of at most ``_SMALL_INTS`` (1024) elements (shapes,
+      indices, axes, pads... are integers; integer weights bigger than that stay parameters), or
+    * any node reads it at an input that TVM's importer takes as a static value
+      (``_SHAPE_SLOTS``: ``Expand``/``Reshape`` shape, ``Tile`` repeats, ``Slice`` bounds,
+      ``Pad`` pads, ``Resize`` roi/scales/sizes, ``TopK`` k, ``Range`` bounds, ``OneHot``
+      depth, axes inputs...), of any dtype, with at most ``_MAX_INTS`` elements.
+
+    Float weights stay parameters. The caller's model is not modified.
+    """
+    import onnx
+
+    graph = model.graph
+    inputs = {i.name for i in graph.input}
+    slots = set()
+    for node in graph.node:
+        if _default(node):
+            for k in _SHAPE_SLOTS.get(node.op_type, ()):
+                if k < len(node.input) and node.input[k]:
+                    slots.add(node.input[k])
+
+    def wanted(t):
+        if t.name in inputs or t.data_location == onnx.TensorProto.EXTERNAL:
+            return False
+        count = _count(t.dims)
+        if t.name in slots:
+            return count <= _MAX_INTS
+        return t.data_type in _INT_TYPES and count <= _SMALL_INTS
+
+    picked = [k for k, t in enumerate(graph.initializer) if wanted(t)]
+    if not picked:
+        return model
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    graph = out.graph
+    constants = [
+        onnx.helper.make_node(
+            "Constant",
+            [],
+            [graph.initializer[k].name],
+            name=f"{graph.initializer[k].name}_const",
+            value=graph.initializer[k],
+        )
+        for k in picked
+    ]
+    nodes = constants + list(graph.node)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    for k in reversed(picked):
+        del graph.initializer[k]
+    return out
+
+
+def prepare_for_import(model, shape_dict: Mapping[str, tuple] | None = None):
+    """``model``, or a copy adjusted for TVM's importer (after :func:`fold_shape_constants`).
+
+    * ``Resize`` inputs ``roi``/``scales``/``sizes`` that are empty constants become absent
+      (``""``): ONNX allows an empty tensor for an unused input, TVM then sees both scales and
+      sizes.
+    * ``Resize`` with constant ``scales`` is checked: TVM turns scales into sizes
+      ``floor(in * scale)`` and maps coordinates with ``in / out``; where that differs from
+      ``1 / scale`` (``in * scale`` not an integer) under a coordinate mode that uses the
+      scale, the node is rewritten exactly (``Pad(edge) -> Resize(sizes) -> Slice``, see
+      :func:`_check_resize_scales`), or :class:`UnsupportedOperatorError` is raised where the
+      rewrite does not apply (symbolic dims, ``cubic`` with ``exclude_outside``, ``axes``...).
+    * Negative ``axis``/``axes`` attributes of the ``_AXIS_OPS`` become non-negative where
+      shape inference gives the rank of input 0 (TVM mishandles some, e.g. ``Split(axis=-1)``
+      with a symbolic dimension).
+    """
+    import onnx
+
+    shapes = None
+    values = {}
+    graph = model.graph
+    for t in graph.initializer:
+        values[t.name] = t
+    for node in graph.node:
+        if node.op_type == "Constant" and _default(node) and node.output:
+            source = _constant_source(node)
+            if source is not None:
+                values[node.output[0]] = source[1]
+
+    def array(name):
+        v = values.get(name)
+        if v is None:
+            return None
+        if isinstance(v, np.ndarray):
+            return v
+        try:
+            return onnx.numpy_helper.to_array(v)
+        except Exception:
+            return None
+
+    edits = []  # (node index, new inputs or None, new attributes or None, nodes or None)
+    for index, node in enumerate(graph.node):
+        if not _default(node):
+            continue
+        new_inputs = new_attrs = replacement = None
+        if node.op_type == "Resize":
+            ins = list(node.input)
+            for k in (1, 2, 3):
+                if k < len(ins) and ins[k]:
+                    a = array(ins[k])
+                    if a is not None and a.size == 0:
+                        ins[k] = ""
+            while len(ins) > 1 and not ins[-1]:
+                ins.pop()
+            if ins != list(node.input):
+                new_inputs = ins
+            if len(ins) > 2 and ins[2] and (len(ins) < 4 or not ins[3]):
+                scales = array(ins[2])
+                if scales is not None:
+                    if shapes is None:
+                        shapes = _inferred_shapes(onnx, model, shape_dict or {})
+                    replacement = _check_resize_scales(
+                        onnx, node, scales, shapes.get(node.input[0])
+                    )
+        if node.op_type in _AXIS_OPS:
+            attrs = {a.name: a for a in node.attribute}
+            negative = ("axis" in attrs and attrs["axis"].i < 0) or (
+                "axes" in attrs and any(v < 0 for v in attrs["axes"].ints)
+            )
+            if negative and node.input:
+                if shapes is None:
+                    shapes = _inferred_shapes(onnx, model, shape_dict or {})
+                dims = shapes.get(node.input[0])
+                if dims is not None:
+                    rank = len(dims)
+                    new_attrs = []
+                    for a in node.attribute:
+                        if a.name == "axis" and a.i < 0:
+                            a = onnx.helper.make_attribute("axis", a.i + rank)
+                        elif a.name == "axes" and any(v < 0 for v in a.ints):
+                            a = onnx.helper.make_attribute(
+                                "axes", [v + rank if v < 0 else v for v in a.ints]
+                            )
+                        new_attrs.append(a)
+        if new_inputs is not None or new_attrs is not None or replacement is not None:
+            edits.append((index, new_inputs, new_attrs, replacement))
+    if not edits:
+        return model
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    replaced = {}
+    for index, new_inputs, new_attrs, replacement in edits:
+        node = out.graph.node[index]
+        if new_inputs is not None:
+            del node.input[:]
+            node.input.extend(new_inputs)
+        if new_attrs is not None:
+            del node.attribute[:]
+            node.attribute.extend(new_attrs)
+        if replacement is not None:
+            replaced[index] = replacement
+    if replaced:
+        nodes = []
+        for index, node in enumerate(out.graph.node):
+            nodes.extend(replaced.get(index, [node]))
+        del out.graph.node[:]
+        out.graph.node.extend(nodes)
+    _drop_unread_constants(out.graph)
+    return out
+
+
+def _check_resize_scales(onnx, node, scales, dims):
+    """None where TVM's Resize is exact for these constant ``scales``, else the nodes of an
+    exact rewrite; raises UnsupportedOperatorError where there is none.
+
+    TVM resizes to ``floor(in * scale)`` and maps coordinates with ``in / out``, which is
+    ``1 / scale`` only where ``in * scale`` is an integer. Otherwise the input is padded at
+    the end of each such axis (``edge`` mode) to the least ``in'`` with an integer
+    ``in' * scale``, resized to ``sizes`` (now exact) and sliced back to ``floor(in * scale)``:
+    the kept outputs read the same input points, and the replicated border equals the
+    clamping of ``nearest``, ``linear`` and ``cubic`` (not ``cubic`` with ``exclude_outside``).
+    """
+    from .common import UnsupportedOperatorError
+
+    attrs = {a.name: a for a in node.attribute}
+    ctm = (
+        attrs["coordinate_transformation_mode"].s.decode()
+        if "coordinate_transformation_mode" in attrs
+        else "half_pixel"
+    )
+    if ctm not in _SCALE_MODES or dims is None:
+        return None
+    scales = scales.reshape(-1).astype(np.float32)
+    axes = list(attrs["axes"].ints) if "axes" in attrs else list(range(len(scales)))
+    if len(axes) != len(scales):
+        return None
+    bad = []  # (axis, in, scale, in*scale, out)
+    for axis, scale in zip(axes, scales.tolist()):
+        axis = axis + len(dims) if axis < 0 else axis
+        size = dims[axis] if 0 <= axis < len(dims) else None
+        if not isinstance(size, int) or size == 0:
+            continue
+        product = float(np.float32(scale) * np.float32(size))
+        out = int(np.floor(product))
+        if out > 0 and _exact(size, scale, out):
+            continue
+        bad.append((axis, size, scale, product, out))
+    if not bad:
+        return None
+    rewrite = _padded_resize(onnx, node, attrs, dims, axes, scales, bad)
+    if rewrite is not None:
+        return rewrite
+    axis, size, scale, product, out = bad[0]
+    label = node.name or node.output[0]
+    raise UnsupportedOperatorError(
+        f"tvmamp.from_onnx: Resize node {label!r} ({ctm}) on axis {axis}: in={size}, "
+        f"scale={scale:g}, in*scale={product:g} is not an integer; TVM would resize to "
+        f"{out} and map coordinates with in/out={size / max(out, 1):g} instead of "
+        f"1/scale={1 / scale:g}, a silently wrong result. Export the model with `sizes` "
+        "(e.g. F.interpolate(size=...)) or with scales whose in*scale are integers.",
+        ["Resize"],
+    )
+
+
+def _exact(size, scale, out):
+    return abs(out / (size * scale) - 1.0) <= 1e-6
+
+
+def _padded_resize(onnx, node, attrs, dims, axes, scales, bad):
+    """Pad(edge) -> Resize(sizes) -> Slice nodes equal to ``node``, or None."""
+    mode = attrs["mode"].s.decode() if "mode" in attrs else "nearest"
+    if mode == "cubic" and "exclude_outside" in attrs and attrs["exclude_outside"].i:
+        return None
+    if "axes" in attrs or not all(isinstance(d, int) for d in dims) or len(dims) != len(axes):
+        return None
+    if "antialias" in attrs and attrs["antialias"].i:
+        return None
+    rank = len(dims)
+    pads = [0] * (2 * rank)
+    sizes = [int(np.floor(np.float32(s) * np.float32(d))) for s, d in zip(scales, dims)]
+    padded_sizes = list(sizes)
+    for axis, size, scale, _product, out in bad:
+        if out < 2:
+            return None
+        for padded in range(size + 1, 2 * size + 9):
+            target = int(round(float(np.float32(scale) * np.float32(padded))))
+            if target > 0 and _exact(padded, scale, target):
+                break
+        else:
+            return None
+        pads[rank + axis] = padded - size
+        padded_sizes[axis] = target
+    helper, numpy_helper = onnx.helper, onnx.numpy_helper
+    base = node.output[0]
+
+    def constant(suffix, values):
+        name = f"{base}__tvmamp_{suffix}"
+        value = numpy_helper.from_array(np.array(values, dtype=np.int64), name)
+        return name, helper.make_node("Constant", [], [name], name=name, value=value)
+
+    pads_name, pads_node = constant("pads", pads)
+    sizes_name, sizes_node = constant("sizes", padded_sizes)
+    cut = [a for a, *_ in bad]
+    starts_name, starts_node = constant("starts", [0] * len(cut))
+    ends_name, ends_node = constant("ends", [sizes[a] for a in cut])
+    axes_name, axes_node = constant("axes", cut)
+    padded_x, resized = f"{base}__tvmamp_padded", f"{base}__tvmamp_resized"
+    label = node.name or base
+    pad = helper.make_node(
+        "Pad", [node.input[0], pads_name], [padded_x], name=f"{label}__pad", mode="edge"
+    )
+    resize = helper.make_node("Resize", [padded_x, "", "", sizes_name], [resized], name=label)
+    resize.attribute.extend(a for a in node.attribute if a.name != "axes")
+    cut_node = helper.make_node(
+        "Slice",
+        [resized, starts_name, ends_name, axes_name],
+        [base],
+        name=f"{label}__slice",
+    )
+    return [pads_node, sizes_node, starts_node, ends_node, axes_node, pad, resize, cut_node]
+
+
+def _drop_unread_constants(graph):
+    """Remove the Constant nodes of the main graph that nothing reads any more."""
+    used = _used_names(graph)
+    kept = [
+        n
+        for n in graph.node
+        if not (n.op_type == "Constant" and _default(n) and not any(o in used for o in n.output))
+    ]
+    if len(kept) != len(graph.node):
+        del graph.node[:]
+        graph.node.extend(kept)
