@@ -109,6 +109,7 @@ def run(args) -> int:
 
     _log(f"[profile 1/4] loading {args.model} ...")
     mod, params = load_model(args.model, input_shapes=parse_input_shapes(args.input_shape))
+    inputs = models.example_inputs(mod)  # before the build: a symbolic input fails here
     _log(f"[profile 2/4] building at {args.level} for {args.target} (the longest step) ...")
     start = time.perf_counter()
     with debugging.kernel_cost_recording() as costs:
@@ -117,7 +118,6 @@ def run(args) -> int:
     _log(f"[profile 3/4] measuring the machine's peaks ({threads} thread(s)) ...")
     peaks = debugging.measure_peaks(exe.target, threads)
     _log(f"[profile 4/4] timing every kernel over {args.rounds} call(s) ...")
-    inputs = models.example_inputs(mod)
     prof = debugging.profile(
         exe, inputs, rounds=args.rounds, costs=costs, peaks=peaks, threshold=args.threshold
     )

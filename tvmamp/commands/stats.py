@@ -41,9 +41,10 @@ def run(args) -> int:
     mod, params = load_model(args.model, input_shapes=parse_input_shapes(args.input_shape))
     if args.executed:
         log(f"[stats] building an instrumented model at {args.level} and running it once ...")
+        inputs = models.example_inputs(mod)  # before the build: a symbolic input fails here
         with debugging.operator_stats_collection(verbose=False) as stats:
             exe = build(mod, params=params, **build_kwargs(args))
-            exe(*models.example_inputs(mod))
+            exe(*inputs)
     else:
         log(f"[stats] converting at {args.level} ...")
         stats = debugging.static_operator_stats(convert(mod, params=params, **build_kwargs(args)))
