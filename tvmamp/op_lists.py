@@ -44,6 +44,21 @@ WHITE = (
     "relax.nn.prelu",
 )
 
+# TVM's sort kernels order bf16 values wrongly (torch.sort of 8 values at O2 came back
+# unsorted), its bf16 argmax fails to compile ("Check failed: StructuralEqual()(value->ty,
+# var->ty)") and its bf16 median returns values that are not in the input (torch.median at
+# O2 gave -1.16 for 0.05); these ops only compare and move values, so fp32 costs only the
+# casts. (kthvalue, mode and nanmedian do not import; quantile imports as argsort and
+# gather_elements.)
+ORDER_STATISTICS = (
+    "relax.sort",
+    "relax.argsort",
+    "relax.topk",
+    "relax.argmax",
+    "relax.argmin",
+    "relax.median",
+)
+
 BLACK = (
     # transcendental ops with a narrow fp16 range (Paddle, MindSpore, PyTorch black lists)
     "relax.exp",
@@ -87,18 +102,7 @@ BLACK = (
     "relax.scatter_nd",
     "relax.image.resize2d",
     "relax.image.resize3d",
-    # TVM's sort kernels order bf16 values wrongly (torch.sort of 8 values at O2 came back
-    # unsorted), its bf16 argmax fails to compile ("Check failed: StructuralEqual()(value->ty,
-    # var->ty)") and its bf16 median returns values that are not in the input (torch.median at
-    # O2 gave -1.16 for 0.05); these ops only compare and move values, so fp32 costs only the
-    # casts. (kthvalue, mode and nanmedian do not import; quantile imports as argsort and
-    # gather_elements.)
-    "relax.sort",
-    "relax.argsort",
-    "relax.topk",
-    "relax.argmax",
-    "relax.argmin",
-    "relax.median",
+    *ORDER_STATISTICS,
 )
 
 PROMOTE = (
@@ -212,7 +216,7 @@ FOLLOW = (
 #   op": torch.nan_to_num), mod (torch.fmod: "dtype mismatch on BufferStore: buffer's dtype is
 #   T.uint16 ... bfloat16x32") nor slice_scatter (F.pad(mode="circular"), circular convolutions:
 #   "IntImm can only take scalar, but boolx32 was supplied");
-# - the black-listed order statistics (sort, argsort, topk, argmax, argmin, median; see BLACK)
+# - the black-listed ORDER_STATISTICS (sort, argsort, topk, argmax, argmin, median)
 #   give wrong values or fail to compile in bfloat16, which O3 would otherwise ask for.
 # The tests, flags and selections among them are exact in fp32, so fp32 costs only the casts.
 NO_BFLOAT16 = (
@@ -227,12 +231,7 @@ NO_BFLOAT16 = (
     "relax.isfinite",
     "relax.mod",
     "relax.slice_scatter",
-    "relax.sort",
-    "relax.argsort",
-    "relax.topk",
-    "relax.argmax",
-    "relax.argmin",
-    "relax.median",
+    *ORDER_STATISTICS,
 )
 
 # Ops whose output dtype the program fixes (an explicit dtype attribute), ops that do not compute
