@@ -164,7 +164,7 @@ class _Folder:
     @property
     def shapes(self):
         if self._shapes is None:
-            self._shapes = _inferred_shapes(self.onnx, self.model, self.shape_dict)
+            self._shapes = inferred_shapes(self.onnx, self.model, self.shape_dict)
         return self._shapes
 
     def value(self, name):
@@ -363,7 +363,7 @@ def _small_output(node, feeds):
     return True
 
 
-def _inferred_shapes(onnx, model, shape_dict):
+def inferred_shapes(onnx, model, shape_dict):
     """Name -> dims (int, symbolic str or unknown None) by shape inference; ``name:type`` -> dtype.
 
     Inference runs on a light copy: big initializers become typed graph inputs (so they are
@@ -455,9 +455,9 @@ def _rewrite(onnx, model, folder, in_place=False):
         live.update(node.input)
         for a in node.attribute:
             if a.HasField("g"):
-                live.update(_used_names(a.g))
+                live.update(used_names(a.g))
             for sub in a.graphs:
-                live.update(_used_names(sub))
+                live.update(used_names(sub))
     kept.reverse()
     del graph.node[:]
     graph.node.extend(kept)
@@ -477,7 +477,8 @@ def _rewrite(onnx, model, folder, in_place=False):
     return out
 
 
-def _used_names(graph):
+def used_names(graph):
+    """Every name ``graph`` and its subgraphs read (node inputs and graph outputs)."""
     used = set()
     stack = [graph]
     while stack:
@@ -688,7 +689,7 @@ def prepare_for_import(model, shape_dict: Mapping[str, tuple] | None = None):
                 scales = array(ins[2])
                 if scales is not None:
                     if shapes is None:
-                        shapes = _inferred_shapes(onnx, model, shape_dict or {})
+                        shapes = inferred_shapes(onnx, model, shape_dict or {})
                     replacement = _check_resize_scales(
                         onnx, node, scales, shapes.get(node.input[0])
                     )
@@ -699,7 +700,7 @@ def prepare_for_import(model, shape_dict: Mapping[str, tuple] | None = None):
             )
             if negative and node.input:
                 if shapes is None:
-                    shapes = _inferred_shapes(onnx, model, shape_dict or {})
+                    shapes = inferred_shapes(onnx, model, shape_dict or {})
                 dims = shapes.get(node.input[0])
                 if dims is not None:
                     rank = len(dims)
@@ -852,7 +853,7 @@ def _padded_resize(onnx, node, attrs, dims, axes, scales, bad):
 
 def _drop_unread_constants(graph):
     """Remove the Constant nodes of the main graph that nothing reads any more."""
-    used = _used_names(graph)
+    used = used_names(graph)
     kept = [
         n
         for n in graph.node

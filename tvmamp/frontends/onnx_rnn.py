@@ -30,6 +30,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from .common import UnsupportedOperatorError
+from .onnx_fold import inferred_shapes, used_names
 
 _COMPONENT = "tvmamp.from_onnx"
 
@@ -89,7 +90,7 @@ def expand_recurrent(model, shape_dict: Mapping[str, tuple] | None = None, opset
     nodes = _without_dead_producers(out.graph, nodes, replaced_inputs)
     del out.graph.node[:]
     out.graph.node.extend(nodes)
-    used = _used_names(out.graph)
+    used = used_names(out.graph)
     dropped = {t.name for t in out.graph.initializer if t.name in replaced_inputs} - used
     kept = [t for t in out.graph.initializer if t.name not in dropped]
     del out.graph.initializer[:]
@@ -111,7 +112,7 @@ class _Graph:
         self.initializers = {t.name: t for t in g.initializer}
         self.producers = {o: n for n in g.node for o in n.output if o}
         self.taken = _all_names(g)
-        self.shapes = _inferred_shapes(onnx, model, shape_dict)
+        self.shapes = inferred_shapes(onnx, model, shape_dict)
 
     def constant(self, name):
         """The value of ``name`` as a numpy array when it is an initializer or a Constant."""
@@ -155,45 +156,6 @@ def _all_names(graph):
     return names
 
 
-def _inferred_shapes(onnx, model, shape_dict):
-    """Tensor name -> list of dims (int or symbolic str/None), after shape inference."""
-    typed = onnx.ModelProto()
-    typed.CopyFrom(model)
-    for value in typed.graph.input:
-        if value.name in shape_dict:
-            tensor = value.type.tensor_type
-            tensor.shape.Clear()
-            for d in shape_dict[value.name]:
-                tensor.shape.dim.add().dim_value = int(d)
-    try:
-        typed = onnx.shape_inference.infer_shapes(typed)
-    except Exception:  # inference is best effort: without it the shapes are unknown
-        pass
-    shapes = {}
-    for value in (*typed.graph.input, *typed.graph.value_info, *typed.graph.output):
-        tensor = value.type.tensor_type
-        if tensor.HasField("shape"):
-            shapes[value.name] = [
-                d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
-                for d in tensor.shape.dim
-            ]
-    return shapes
-
-
-def _used_names(graph):
-    used = {o.name for o in graph.output}
-    stack = [graph]
-    while stack:
-        g = stack.pop()
-        for node in g.node:
-            used.update(node.input)
-            for a in node.attribute:
-                if a.HasField("g"):
-                    stack.append(a.g)
-                stack.extend(a.graphs)
-    return used
-
-
 def _without_dead_producers(graph, nodes, candidates):
     """``nodes`` less the producers of the replaced nodes' inputs that nothing reads any more."""
     outputs = {o.name for o in graph.output}
@@ -203,9 +165,9 @@ def _without_dead_producers(graph, nodes, candidates):
             used.update(node.input)
             for a in node.attribute:
                 if a.HasField("g"):
-                    used.update(_used_names(a.g))
+                    used.update(used_names(a.g))
                 for g in a.graphs:
-                    used.update(_used_names(g))
+                    used.update(used_names(g))
         dead = [
             n
             for n in nodes
