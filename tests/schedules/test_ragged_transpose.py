@@ -252,3 +252,27 @@ def test_relax_grouped_staging_copies(rng):
     np.testing.assert_array_equal(bits(rows_out.numpy()), bits(expected_rows))
     expected_planes = back.reshape(196, 120).T.reshape(1, 120, 14, 14)
     np.testing.assert_array_equal(bits(planes_out.numpy()), bits(expected_planes))
+
+
+@pytest.mark.parametrize("kind", ["sapphirerapids", "znver4", "x86-64-v3"])
+def test_forced_cpu_kinds(kind, rng):
+    """The register transposes on each CPU kind: LLVM IR, so every kind takes them (AVX-512
+    kinds, AMX Intel and AMD, shuffle with vpermt2; AVX2 splits the 512-bit rows). Built for
+    every kind, bitwise against numpy where the host can run the kind."""
+    from tvmamp.targets.cpu_features import cpu_level_features, host_cpu_features
+
+    forced = tvm.target.Target({"kind": "llvm", "mcpu": kind, "num-cores": 2})
+    a = te.placeholder((196, 48), "float32", name="a")
+    b = te.compute((48, 196), lambda i, j: a[j, i].astype("bfloat16"), name="b")
+    sch = CPUElementwise().apply(te.create_prim_func([a, b]), forced, False)
+    assert TRANSPOSE_CALL in sch.mod.script()
+    lib = tvm.compile(sch.mod, target=forced)
+    avx512 = "avx512f" in cpu_level_features(kind)
+    assert ("vpermt2" in lib.mod.inspect_source("asm")) is avx512
+    host = host_cpu_features()
+    if host is None or not set(cpu_level_features(kind)) <= host:
+        pytest.skip(f"built for {kind}; the host CPU cannot run it")
+    x = random_input(rng, (196, 48), "float32")
+    out = tvm.runtime.tensor(np.zeros((48, 196), ml_dtypes.bfloat16))
+    lib(tvm.runtime.tensor(x), out)
+    np.testing.assert_array_equal(bits(out.numpy()), bits(to_dtype(x.T, "bfloat16")))
