@@ -32,6 +32,7 @@ from .common import (
     NotApplicable,
     inline_epilogue,
     is_reduction,
+    parallel_with_rows,
     use_parallel,
     vectorize_tile,
 )
@@ -204,7 +205,7 @@ def schedule_matmul(
     normalize(sch, main)
     extents = [int(iv.dom.extent) for iv in sch.get(main).iter_vars]
     if use_amx(target, extents, config):
-        plan = amx.make_plan(extents, config.amx_n_block, config.amx_k_block)
+        plan = amx.plan_for(target, extents, config.amx_n_block, config.amx_k_block)
         prepare(
             sch, main, target, amx.padding(plan), a_contiguous, pack_a=amx.pack_tiles, shared=shared
         )
@@ -217,8 +218,10 @@ def schedule_matmul(
     sch.reverse_compute_at(acc, row_tile, preserve_unit_loops=True)
     inline_epilogue(sch, acc)
     vectorize_tile(sch, acc)
-    if use_parallel(target, math.prod(plan.extents)):
-        sch.parallel(outer)  # before decompose_reduction, which breaks the check
+    parallel = parallel_with_rows(sch, target, outer, row_tile, math.prod(plan.extents))
+    if parallel is not None:
+        sch.parallel(parallel)
+        outer = parallel
     init = sch.decompose_reduction(main, k_outer)
     vectorize_tile(sch, init)
     sch.tensorize(lanes, intrin.DPBF16PS_INTRIN)

@@ -74,8 +74,8 @@ def tuning_choices(target: Target) -> tuple[CPUMatmulBF16.Config, ...]:
 def plan_key(extents: list[int], target: Target, config: CPUMatmulBF16.Config) -> tuple:
     """The kernel ``config`` gives a normalised ``[S, I, J, K]`` gemm (equal keys: same code)."""
     if use_amx(target, extents, config):
-        plan = amx.make_plan(extents, config.amx_n_block, config.amx_k_block)
-        return ("amx", plan.n_block, plan.k_block, plan.k_padded)
+        plan = amx.plan_for(target, extents, config.amx_n_block, config.amx_k_block)
+        return ("amx", plan.n_block, plan.k_block, plan.k_padded, plan.row_chunks)
     plan = make_plan(extents, config)
     return ("vdpbf16ps", plan.tile_i, plan.tile_j)
 

@@ -10,7 +10,7 @@ from tvm import DataType, s_tir, tirx
 from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.s_tir.dlight.gpu.matmul import auto_inline_consumers
-from tvm.s_tir.schedule import ScheduleError
+from tvm.s_tir.schedule import LoopRV, ScheduleError
 from tvm.target import Target
 from tvm.target.codegen import target_has_features
 from tvm.tirx.analysis import undefined_vars
@@ -125,6 +125,50 @@ def num_cores(target: Target) -> int:
 def use_parallel(target: Target, work: int) -> bool:
     """Return whether a loop nest doing ``work`` scalar operations should run in parallel."""
     return num_cores(target) > 1 and work >= PARALLEL_MIN_WORK
+
+
+def divisors(n: int) -> list[int]:
+    """Return the divisors of ``n``, ascending."""
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def row_chunks(cores: int, column_tasks: int, row_tiles: int) -> int:
+    """Return how many parallel chunks to cut ``row_tiles`` into beside ``column_tasks``.
+
+    A GEMM kernel's parallel tasks are its column blocks, each doing every row; a narrow output
+    (a 64-channel conv, a 1024-column layer under AMX blocking) has fewer of them than cores.
+    The answer is the fewest chunks, a divisor of ``row_tiles``, whose busiest core does at
+    most a tenth more row tiles than the least possible (1 on one core): few chunks keep each
+    task's weight columns in its cache across all its rows.
+    """
+
+    def busiest(chunks: int) -> int:
+        return -(-column_tasks * chunks // cores) * (row_tiles // chunks)
+
+    choices = divisors(row_tiles)
+    least = min(busiest(c) for c in choices)
+    return min(c for c in choices if busiest(c) <= least * 1.1)
+
+
+def parallel_with_rows(
+    sch: s_tir.Schedule, target: Target, outer: LoopRV, row_loop: LoopRV, work: int
+) -> LoopRV | None:
+    """Return the loop to run in parallel for a GEMM doing ``work``, or None (serial).
+
+    ``outer`` runs the column tasks and ``row_loop``, directly inside it, the row tiles. When
+    the column tasks are too few for the target's cores (:func:`row_chunks`), the row tiles are
+    split into chunks and the chunk loop is fused into ``outer``. Call it before
+    ``decompose_reduction``, which breaks ``sch.parallel``'s check.
+    """
+    if not use_parallel(target, work):
+        return None
+    chunks = row_chunks(
+        num_cores(target), int(sch.get(outer).extent), int(sch.get(row_loop).extent)
+    )
+    if chunks > 1:
+        chunk, _ = sch.split(row_loop, [chunks, None])
+        outer = sch.fuse(outer, chunk)
+    return outer
 
 
 def static_extent(expr: tirx.PrimExpr) -> int | None:

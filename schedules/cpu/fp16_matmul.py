@@ -19,6 +19,7 @@ from .common import (
     NotApplicable,
     inline_epilogue,
     largest_divisor,
+    parallel_with_rows,
     use_parallel,
     vector_bits,
     vector_lanes,
@@ -169,8 +170,9 @@ def schedule_matmul(
     sch.reverse_compute_at(acc, row_tile, preserve_unit_loops=True)
     inline_epilogue(sch, acc)
     vectorize_tile(sch, acc)
-    if use_parallel(target, math.prod(plan.extents)):
-        sch.parallel(outer)  # before decompose_reduction, which breaks the check
+    parallel = parallel_with_rows(sch, target, outer, row_tile, math.prod(plan.extents))
+    if parallel is not None:
+        sch.parallel(parallel)
     init = sch.decompose_reduction(main, k_outer)
     vectorize_tile(sch, init)
     sch.tensorize(j_lane, intrin.register(lanes))

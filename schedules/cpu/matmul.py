@@ -16,8 +16,8 @@ from .common import (
     inline_epilogue,
     largest_divisor,
     logger,
+    parallel_with_rows,
     tile_fma_gemm,
-    use_parallel,
     vector_bits,
     vector_lanes,
     vectorize_tile,
@@ -171,10 +171,11 @@ def _schedule(
     sch.reverse_compute_at(acc, i_outer, preserve_unit_loops=True)
     inline_epilogue(sch, acc)
     vectorize_tile(sch, acc)
-    if plan.pack_b:
-        _pack_panels(sch, reindex_b, outer, plan.tile_j)
-    if use_parallel(target, math.prod(plan.extents)):
-        sch.parallel(outer)  # before decompose_reduction, which breaks the check
+    parallel = parallel_with_rows(sch, target, outer, i_outer, math.prod(plan.extents))
+    if plan.pack_b:  # one panel per parallel task (row chunks pack their own)
+        _pack_panels(sch, reindex_b, outer if parallel is None else parallel, plan.tile_j)
+    if parallel is not None:
+        sch.parallel(parallel)
     init = sch.decompose_reduction(main, k_outer)
     vectorize_tile(sch, init)
 

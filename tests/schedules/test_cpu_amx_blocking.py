@@ -43,6 +43,27 @@ def test_plan_rejects_blocks_that_are_not_multiples_of_32(n_block, k_block):
         make_plan([1, 64, 64, 64], n_block, k_block)
 
 
+@pytest.mark.parametrize(
+    ("extents", "cores", "expected"),
+    [
+        ([1, 256, 1024, 1024], 1, (512, 1)),  # one core: widest column block, rows uncut
+        ([1, 256, 1024, 1024], 16, (128, 2)),  # 8 column blocks x 2 row chunks
+        ([1, 1024, 1024, 1024], 16, (256, 4)),
+        ([1, 4096, 4096, 4096], 16, (512, 2)),  # 8 column blocks are not enough alone
+        ([1, 3136, 64, 576], 16, (64, 14)),  # a conv GEMM: 64 columns, so the rows are cut
+        ([12, 128, 128, 64], 4, (128, 1)),  # the batch gives the tasks
+    ],
+)
+def test_plan_gives_every_core_work(extents, cores, expected):
+    plan = make_plan(extents, 512, 1024, cores)
+    assert (plan.n_block, plan.row_chunks) == expected
+    rows, panels = -(-extents[1] // 32), -(-extents[2] // 32)
+    assert rows % plan.row_chunks == 0 and panels * 32 % plan.n_block == 0
+    tasks = extents[0] * (panels * 32 // plan.n_block) * plan.row_chunks
+    busiest = -(-tasks // cores) * (rows // plan.row_chunks) * (plan.n_block // 32)
+    assert busiest <= 1.25 * -(-extents[0] * rows * panels // cores)  # 32 x 32 blocks
+
+
 def _gemm_relu(m: int, k: int, n: int, weight=None) -> tvm.IRModule:
     """``relu(x[m, k] @ w[k, n])`` in bf16 with fp32 output; ``w`` a constant when given."""
     bb = relax.BlockBuilder()
@@ -87,6 +108,26 @@ def test_k_blocked_kernel_matches_float64(rng, m, k, n, constant):
     vm = relax.VirtualMachine(tvm.compile(mod, target=AMX), tvm.cpu())
     args = [tvm.runtime.tensor(a)] + ([] if constant else [tvm.runtime.tensor(b)])
     out = vm["main"](*args).numpy()
+    ref = np.maximum(a.astype("float64") @ b.astype("float64"), 0)
+    assert np.abs(out - ref).max() / np.abs(ref).max() <= 1e-2
+
+
+AMX_16 = tvm.target.Target({"kind": "llvm", "mcpu": "sapphirerapids", "num-cores": 16})
+
+
+@pytest.mark.parametrize(("m", "k", "n"), [(256, 1024, 1024), (200, 2100, 96), (33, 96, 544)])
+def test_kernel_split_for_16_cores_matches_float64(rng, m, k, n):
+    """Row chunks and narrower column blocks in parallel (the plan for 16 cores)."""
+    if "amx_bf16" not in _host_flags():
+        pytest.skip("the host CPU lacks amx_bf16")
+    a = rng.standard_normal((m, k)).astype(ml_dtypes.bfloat16)
+    b = rng.standard_normal((k, n)).astype(ml_dtypes.bfloat16)
+    passes = [*LEGALIZE, dl.ApplyDefaultSchedule(CPUMatmulBF16()), SplitPreproc()]
+    with AMX_16:
+        mod = tvm.transform.Sequential(passes)(_gemm_relu(m, k, n))
+    assert "T.parallel" in _kernel_text(mod)
+    vm = relax.VirtualMachine(tvm.compile(mod, target=AMX_16), tvm.cpu())
+    out = vm["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(b)).numpy()
     ref = np.maximum(a.astype("float64") @ b.astype("float64"), 0)
     assert np.abs(out - ref).max() / np.abs(ref).max() <= 1e-2
 

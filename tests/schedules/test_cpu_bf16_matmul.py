@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import ml_dtypes
 import numpy as np
@@ -76,6 +77,21 @@ def test_ragged_shapes_and_batch_one(rng, target, instruction, flag, m, k, n):
     _, exe = _compile(_gemm(m, k, n), target)
     small = m < CPUMatmulBF16.Config().amx_min_rows  # batch 1 streams weights with vdpbf16ps
     assert ("vdpbf16ps" if small else instruction) in _asm(exe)
+    vm = relax.VirtualMachine(exe, tvm.cpu())
+    out = vm["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(b)).numpy()
+    assert _rel_err(out, a.astype("float64") @ b.astype("float64")) <= 1e-2
+
+
+@pytest.mark.parametrize(("m", "k", "n"), [(300, 64, 32), (64, 40, 48), (257, 96, 1024)])
+def test_row_tiles_run_in_parallel_when_column_tasks_are_too_few(rng, m, k, n):
+    """16 cores: 1, 2 or 32 column tasks; the row tiles join them in the parallel loop."""
+    _needs_host("avx512_bf16")
+    target = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 16})
+    a, b = _bf16(rng, (m, k)), _bf16(rng, (k, n))
+    mod, exe = _compile(_gemm(m, k, n), target)
+    gemm = next(f for gv, f in mod.functions_items() if "matmul" in gv.name_hint)
+    tasks = re.findall(r"T\.parallel\(T\.int64\((\d+)\)", gemm.script())
+    assert tasks and int(tasks[0]) >= 16, tasks
     vm = relax.VirtualMachine(exe, tvm.cpu())
     out = vm["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(b)).numpy()
     assert _rel_err(out, a.astype("float64") @ b.astype("float64")) <= 1e-2
