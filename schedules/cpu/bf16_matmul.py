@@ -204,7 +204,9 @@ def schedule_matmul(
     shared = shared_operands(sch, main)
     normalize(sch, main)
     extents = [int(iv.dom.extent) for iv in sch.get(main).iter_vars]
-    if use_amx(target, extents, config):
+    # The AMX kernel reads A tile-packed: an A that the epilogue also reads (``x + x @ w``)
+    # cannot be replaced by its packed copy, but vdpbf16ps can read it in place.
+    if use_amx(target, extents, config) and 0 not in shared:
         plan = amx.plan_for(target, extents, config.amx_n_block, config.amx_k_block)
         prepare(
             sch, main, target, amx.padding(plan), a_contiguous, pack_a=amx.pack_tiles, shared=shared

@@ -244,3 +244,8 @@ def test_an_operand_the_epilogue_also_reads(shape):
     if len(shape) == 2 and "avx512_bf16" in _host_flags():
         names = re.findall(r"@(\w+)", exe.vm_exec.as_text())
         assert any(n.endswith("_prepacked") for n in names), names  # still the bf16 kernel
+    if len(shape) == 2 and shape[0] >= CPUMatmulBF16.Config().amx_min_rows:
+        # With AMX (built only): the AMX kernel packs A, so vdpbf16ps reads it in place.
+        amx = tvmamp.build(mod, "O2", "llvm -mcpu=sapphirerapids -num-cores=1", params=params)
+        names = re.findall(r"@(\w+)", amx.vm_exec.as_text())
+        assert any(n.endswith("_prepacked") for n in names), names
