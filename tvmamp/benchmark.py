@@ -12,6 +12,11 @@ import tvm
 # milliseconds of work to be scheduled at full speed again (SimpleNet at two threads: the first
 # 7 calls took 46 ms, the rest 26 ms), and thread pools spin up their workers.
 WARMUP_S = 0.3
+# Untimed calls before each timed sample of an interleaved comparison (paired_medians): when the
+# threads of two runtimes together exceed the cores, the idle pool of the runtime timed just
+# before still spin-waits on them. At two threads on two vCPUs, SimpleNet batch 1 took 5.3 ms
+# right after torch and 0.10 ms on its own.
+SETTLE_S = 0.05
 
 
 def warm_up(fns, seconds: float = WARMUP_S) -> None:
@@ -55,16 +60,21 @@ def max_rel_error(out, ref) -> float:
     return float(np.abs(out - ref).max() / scale)
 
 
-def paired_medians(fns, repeat: int = 20, number: int = 1) -> list[float]:
+def paired_medians(fns, repeat: int = 20, number: int = 1, settle_s: float = None) -> list[float]:
     """Time ``fns`` interleaved, so machine noise hits them alike; median seconds per call each.
 
     Each of ``repeat`` rounds times ``number`` calls of every function in turn, after
-    :func:`warm_up` (every function called in turn for 0.3 s, at least once).
+    :func:`warm_up` (every function called in turn for 0.3 s, at least once). Before its timed
+    calls in a round, each function runs untimed for ``settle_s`` (default :data:`SETTLE_S`), so
+    that the thread pool of the function timed before it (torch's OpenMP threads spin-wait
+    after each parallel region) has gone idle and no longer holds the cores.
     """
+    settle_s = SETTLE_S if settle_s is None else settle_s
     warm_up(fns)
     samples = [[] for _ in fns]
     for _ in range(repeat):
         for fn, out in zip(fns, samples):
+            warm_up([fn], settle_s)
             start = time.perf_counter()
             for _ in range(number):
                 fn()
