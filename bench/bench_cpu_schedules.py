@@ -18,6 +18,7 @@ from tvm.relax.frontend.torch import from_exported_program
 from tvmamp.benchmark import paired_medians
 from tvmamp.pipeline import legalize_passes
 from tvmamp.schedules.cpu import cpu_schedule_passes
+from tvmamp.targets.llvm_lowering import tir_pipeline
 
 LEGALIZE = legalize_passes()
 
@@ -31,7 +32,8 @@ def build(mod: tvm.IRModule, target: tvm.target.Target) -> relax.VirtualMachine:
     with target:
         passes = [*LEGALIZE, *cpu_schedule_passes(target)]
         mod = tvm.transform.Sequential(passes)(mod)
-    return relax.VirtualMachine(tvm.compile(mod, target=target), tvm.cpu())
+    exe = tvm.compile(mod, target=target, tir_pipeline=tir_pipeline(target))  # as tvmamp.build
+    return relax.VirtualMachine(exe, tvm.cpu())
 
 
 def matmul_module(m: int, k: int, n: int, dtype: str) -> tvm.IRModule:
