@@ -18,7 +18,7 @@ from .cpu_features import (
     physical_cores,
 )
 from .cpu_guard import guard_passes
-from .llvm_lowering import tir_pipeline
+from .llvm_lowering import register_math_lowering, tir_pipeline
 from .registry import DEFAULT_SPACE, DesignSpace, TargetEntry, register_target
 
 BF16_WARNING = (
@@ -246,5 +246,6 @@ ENTRY = register_target(
     )
 )
 
+register_math_lowering()
 # Before TVM's thread pool starts (it starts on the first parallel kernel): every physical core.
 set_default_threads()

@@ -16,6 +16,10 @@ LLVM promotes to registers; only small static ``local`` buffers are marked
 (:data:`STACK_LIMIT_BYTES`), so no kernel can overflow a thread's stack. The pass runs right
 before ``LowerTVMBuiltin``, in the TIR pipeline :data:`PIPELINE`, which the ``llvm`` target
 entry names for ``tvm.compile`` and tuning builds.
+
+:func:`register_math_lowering` fills gaps in TVM's LLVM lowering of math intrinsics: ``sinh`` and
+``cosh`` had none in any dtype, and ``asin``, ``acos``, ``atan``, ``asinh``, ``acosh`` and
+``atan2`` none in float16, so a model using them failed to build ("unknown intrinsic").
 """
 
 from __future__ import annotations
@@ -98,3 +102,69 @@ def meta_schedule_build(mod: tvm.IRModule, target: tvm.target.Target, _params=No
 
     mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
     return tvm.tirx.build(mod, target=target, pipeline=register())
+
+
+# Intrinsics whose LLVM lowering TVM has for float32 only: float16 and bfloat16 calls are computed
+# in float32 (one rounding at the end), and float32 calls keep TVM's own rule.
+_FLOAT32_ONLY = ("tirx.asin", "tirx.acos", "tirx.atan", "tirx.asinh", "tirx.acosh", "tirx.atan2")
+# Below this |x|, sinh(x) is its Taylor series to x^5 (the exp difference would cancel): the
+# next term is below 5e-8 of the value there.
+_SINH_SERIES_BELOW = 0.25
+
+
+def _scalar_dtype(call: tirx.Call) -> str:
+    """The element dtype of ``call`` (a vectorised loop's calls are ``float32x16`` and such)."""
+    dtype = tvm.DataType(str(call.ty))
+    return str(dtype.with_lanes(1)) if dtype.lanes > 1 else str(dtype)
+
+
+def _float32_like(call: tirx.Call) -> str:
+    lanes = tvm.DataType(str(call.ty)).lanes
+    return "float32" if lanes == 1 else f"float32x{lanes}"
+
+
+def _in_float32(call: tirx.Call, compute) -> tirx.PrimExpr:
+    """``compute(args)`` in float32 for a float16/bfloat16 ``call``, cast back to its dtype."""
+    args = [tirx.Cast(_float32_like(call), a) for a in call.args]
+    return tirx.Cast(str(call.ty), compute(*args))
+
+
+def _low_float_in_float32(call: tirx.Call) -> tirx.PrimExpr:
+    if _scalar_dtype(call) not in ("float16", "bfloat16"):
+        return call  # unchanged: TVM's next rule (its float32 one) applies
+    return _in_float32(
+        call, lambda *args: tirx.call_intrin(_float32_like(call), call.op.name, *args)
+    )
+
+
+def _sinh(x: tirx.PrimExpr) -> tirx.PrimExpr:
+    half = tirx.const(0.5, "float32")
+    x2 = x * x
+    series = x * (1 + x2 * (tirx.const(1 / 6, "float32") + x2 * tirx.const(1 / 120, "float32")))
+    exp = half * (tirx.exp(x) - tirx.exp(-x))
+    return tirx.Select(tirx.abs(x) < tirx.const(_SINH_SERIES_BELOW, "float32"), series, exp)
+
+
+def _cosh(x: tirx.PrimExpr) -> tirx.PrimExpr:
+    return tirx.const(0.5, "float32") * (tirx.exp(x) + tirx.exp(-x))
+
+
+def _hyperbolic(compute):
+    def lower(call: tirx.Call) -> tirx.PrimExpr:
+        dtype = _scalar_dtype(call)
+        if dtype == "float32":
+            return compute(call.args[0])
+        if dtype in ("float16", "bfloat16"):
+            return _in_float32(call, compute)
+        return call  # float64: TVM's rule (a libm call) applies
+
+    return lower
+
+
+@functools.cache
+def register_math_lowering() -> None:
+    """Register the LLVM lowering rules above with TVM (``tirx.register_intrin_lowering``)."""
+    for name in _FLOAT32_ONLY:
+        tirx.register_intrin_lowering(name, "llvm", f=_low_float_in_float32, level=99)
+    tirx.register_intrin_lowering("tirx.sinh", "llvm", f=_hyperbolic(_sinh), level=99)
+    tirx.register_intrin_lowering("tirx.cosh", "llvm", f=_hyperbolic(_cosh), level=99)

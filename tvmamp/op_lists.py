@@ -211,7 +211,8 @@ FOLLOW = (
 # - topi's layer_norm, group_norm and instance_norm accept only float32 and float16, and topi's
 #   batch_norm returns float32 for a bfloat16 input (its epsilon promotes), which breaks FuseTIR;
 # - Relax's prelu rejects bfloat16 ("Prelu requires the input tensor to have float dtype") and
-#   topi's log_add_exp fails its IsFloatType check on it;
+#   topi's log_add_exp and tirx's pow fail their IsFloatType checks on it ("power only applies
+#   to float": torch.pow at O3);
 # - LLVM has no bfloat16 isnan/isinf/isfinite ("Data type T.bfloat16 not supported for isnan
 #   op": torch.nan_to_num), mod (torch.fmod: "dtype mismatch on BufferStore: buffer's dtype is
 #   T.uint16 ... bfloat16x32") nor slice_scatter (F.pad(mode="circular"), circular convolutions:
@@ -226,6 +227,7 @@ NO_BFLOAT16 = (
     "relax.nn.layer_norm",
     "relax.nn.prelu",
     "relax.log_add_exp",
+    "relax.power",
     "relax.isnan",
     "relax.isinf",
     "relax.isfinite",
