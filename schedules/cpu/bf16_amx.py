@@ -83,8 +83,8 @@ def _parallel_blocks(extents: list[int], max_panels: int, cores: int) -> tuple[i
     padded ``I`` into 32-row blocks, the choice keeps the busiest core's work within a tenth of
     the least possible and, among those, reads the fewest bytes (each task reads its rows of
     ``A`` and its slice of the weight). On one core that is the widest column block with the
-    rows uncut. With only the column blocks in
-    parallel, a 1024-column gemm had two tasks, and 14 of 16 threads idled.
+    rows uncut. With only the column blocks in parallel, a 1024-column gemm had two tasks, and
+    14 of 16 threads idled.
     """
     rows = -(-extents[1] // amx_intrin.ROWS)
     panels = -(-extents[2] // amx_intrin.COLS)
