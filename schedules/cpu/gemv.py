@@ -25,6 +25,7 @@ from .common import (
     NotApplicable,
     inline_epilogue,
     largest_divisor,
+    num_cores,
     tile_fma_gemm,
     use_parallel,
     vector_bits,
@@ -123,11 +124,13 @@ class GemvPlan:
         return [1, 1, self.tile_j, 1]
 
 
-def make_gemv_plan(extents: list[int], lanes: int, config: GemvConfig) -> GemvPlan:
+def make_gemv_plan(extents: list[int], lanes: int, config: GemvConfig, cores: int = 1) -> GemvPlan:
     """Choose the tile for ``extents = [S, I, J, K]`` with ``lanes`` fp32 per vector.
 
     The widest power-of-two number of vectors that the register budget allows for ``I`` rows
-    and whose padding of ``J`` stays within :data:`MAX_PAD_SHARE` of the narrowest tile's.
+    and whose padding of ``J`` stays within :data:`MAX_PAD_SHARE` of the narrowest tile's,
+    narrowed further until the column panels (the parallel tasks) are at least ``cores``: a
+    1000-class head has 8 panels of 128 columns, 16 of 64.
     """
     rows, cols = extents[1], extents[2]
     budget = max(1, min(config.max_vectors_j, config.accumulators // rows))
@@ -136,6 +139,8 @@ def make_gemv_plan(extents: list[int], lanes: int, config: GemvConfig) -> GemvPl
     while vectors > 1 and -(-cols // (lanes * vectors)) * lanes * vectors > narrowest * (
         1 + MAX_PAD_SHARE
     ):
+        vectors //= 2
+    while vectors > 1 and -(-cols // (lanes * vectors)) < cores:
         vectors //= 2
     return GemvPlan(
         extents=extents,
@@ -154,7 +159,10 @@ def schedule_gemv(sch: s_tir.Schedule, main: SBlockRV, target: Target, config: G
     dense = b_is_k_contiguous(sch.get(main))
     normalize(sch, main)
     extents = [int(iv.dom.extent) for iv in sch.get(main).iter_vars]
-    plan = make_gemv_plan(extents, vector_lanes(target, "float32"), config)
+    weight = extents[2] * extents[3]
+    parallel = weight >= config.parallel_min_weight and use_parallel(target, math.prod(extents))
+    cores = num_cores(target) if parallel else 1
+    plan = make_gemv_plan(extents, vector_lanes(target, "float32"), config, cores)
     _prepare(sch, main, plan, dense)
     # one tile of all the rows
     outer, rows, k_outer = tile_fma_gemm(sch, main, plan.extents[1], plan.tile_j, plan.unroll_k)
@@ -162,8 +170,7 @@ def schedule_gemv(sch: s_tir.Schedule, main: SBlockRV, target: Target, config: G
     sch.reverse_compute_at(acc, rows, preserve_unit_loops=True)
     inline_epilogue(sch, acc)
     vectorize_tile(sch, acc)
-    weight = extents[2] * extents[3]
-    if weight >= config.parallel_min_weight and use_parallel(target, math.prod(extents)):
+    if parallel:
         sch.parallel(outer)  # before decompose_reduction, which breaks the check
     init = sch.decompose_reduction(main, k_outer)
     vectorize_tile(sch, init)

@@ -17,7 +17,9 @@ from .common import (
     largest_divisor,
     logger,
     parallel_with_rows,
+    schedule_injective,
     tile_fma_gemm,
+    use_parallel,
     vector_bits,
     vector_lanes,
     vectorize_tile,
@@ -163,6 +165,9 @@ def _schedule(
     auto_inline_producers(sch, reindex_b)
     if not plan.pad_i:
         sch.compute_inline(reindex_a)
+    else:  # the padded copy of A is a root block: vectorise it, in parallel when large enough
+        work = math.prod(int(sch.get(loop).extent) for loop in sch.get_loops(reindex_a))
+        schedule_injective(sch, reindex_a, vector_lanes(target), use_parallel(target, work))
     if not plan.pack_b:
         sch.compute_inline(reindex_b)
 

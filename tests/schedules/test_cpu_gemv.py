@@ -208,6 +208,15 @@ def test_tile_plan():
     assert make_gemv_plan([1, 2, 4096, 4096], 8, gemv_config(AVX2)).tile_j == 32
 
 
+@pytest.mark.parametrize(
+    ("cols", "cores", "tile_j"),
+    [(1000, 1, 128), (1000, 2, 128), (1000, 16, 64), (4096, 16, 128), (256, 16, 16), (64, 16, 16)],
+)
+def test_tile_plan_gives_the_cores_a_panel_each(cols, cores, tile_j):
+    """A 1000-class head had 8 panels of 128 columns, the parallel tasks, for 16 cores."""
+    assert make_gemv_plan([1, 1, cols, 2048], 16, GemvConfig(), cores).tile_j == tile_j
+
+
 @pytest.mark.parametrize("kind", ["x86-64-v3", "skylake-avx512"])
 def test_forced_kind_asm_streams_panels_with_fma(rng, kind):
     k, n = 256, 96

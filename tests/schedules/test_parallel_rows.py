@@ -81,3 +81,22 @@ def test_narrow_gemm_has_a_task_per_core(rng, dtype, out_dtype, mcpu, flag, m, k
     ref = a.astype("float64") @ b.astype("float64")
     tolerance = 1e-5 if dtype == "float32" else 1e-2
     assert np.abs(out - ref).max() / np.abs(ref).max() <= tolerance
+
+
+def test_padded_copy_of_a_runs_in_parallel(rng):
+    """fp32 GEMM whose rows do not fill whole row tiles (ViT's 197 tokens): the padded copy of
+    ``A`` was a serial, scalar root loop nest beside the parallel GEMM."""
+    m, k, n = 197, 384, 1536
+    target = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": CORES})
+    with target:
+        mod = tvm.transform.Sequential([*LEGALIZE, *cpu_schedule_passes(target)])(
+            _gemm(m, k, n, "float32", "float32")
+        )
+    (script,) = [f.script() for _, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    assert len(re.findall(r"T\.parallel\(", script)) == 2, script  # the copy and the GEMM
+    a = rng.standard_normal((m, k)).astype("float32")
+    b = rng.standard_normal((k, n)).astype("float32")
+    vm = relax.VirtualMachine(tvm.compile(mod, target=target), tvm.cpu())
+    out = vm["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(b)).numpy()
+    ref = a.astype("float64") @ b.astype("float64")
+    assert np.abs(out - ref).max() / np.abs(ref).max() <= 1e-5
