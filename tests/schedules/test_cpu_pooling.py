@@ -51,7 +51,8 @@ CASES = {
 }
 
 
-# Strided windows (stride 2 along the width) are left to TVM's default loops for now.
+# Strided windows (stride 2 along the width) keep TVM's default inner loops (vectorising across
+# the stride was 2.5x slower when measured); only the parallel loop over planes is the rule's.
 STRIDED = ("max_3x3_s2_p1", "max_2x2_s2", "avg_3x3_s2_p1_exclude_pad")
 
 
@@ -70,11 +71,12 @@ def test_rule_vectorises_and_builds(name, dtype, mcpu):
     (func,) = _kernels(_module(CASES[name][0], (4, 64, 56, 57), dtype), target)
     with target:
         sch = CPUPooling().apply(func, target, False)
-    if name in STRIDED:  # declined on purpose: 2.5x slower than TVM's loops when measured
-        assert sch is None, f"CPUPooling took the strided {name}"
-        return
     assert sch is not None, f"CPUPooling declined {name}"
     script = sch.mod.script()
+    if name in STRIDED:  # parallel planes around TVM's default loops, no vectors
+        assert "T.parallel" in script and "T.vectorized" not in script
+        tvm.compile(sch.mod["main"].with_attr("global_symbol", "main"), target=target)
+        return
     # bf16 lanes are unrolled for LLVM to vectorise (TVM 0.27 cannot store a bf16 vector max)
     assert "T.vectorized" in script or dtype == "bfloat16"
     assert "T.parallel" in script
