@@ -32,6 +32,7 @@ from tvm import relax
 from tvm.ir.expr import Constant
 from tvm.relax import PyExprMutator
 
+from tvmamp.tensors import out_dtype as conv_out_dtype
 from tvmamp.tensors import static_shape
 
 from .conv2d_im2col import (
@@ -211,7 +212,7 @@ class _Rewriter(PyExprMutator):
         data, weight = call.args
         g = Geometry.of(call.attrs, static_shape(data.ty), static_shape(weight.ty))
         f = static_shape(weight.ty)[0]
-        out_dtype = str(call.attrs.out_dtype) or self.options.dtype
+        out_dtype = conv_out_dtype(call, self.options.dtype)
         weight = self.visit_expr(weight)
         if g.groups == g.c == f:
             out = self._depthwise(data, weight, g, out_dtype)
@@ -225,7 +226,7 @@ class _Rewriter(PyExprMutator):
         """One GEMM over the input rows, then the col2im gather (:mod:`.conv_transpose_gemm`)."""
         data, weight = call.args
         g = TransposeGeometry.of(call)
-        out_dtype = str(call.attrs.out_dtype) or self.options.dtype
+        out_dtype = conv_out_dtype(call, self.options.dtype)
         rows = self._input_rows(data, g.input, (g.c,))
         w2 = self._leaf(transpose_weight(self.visit_expr(weight), g))
         products = self.builder_.emit(relax.op.matmul(rows, w2, out_dtype=out_dtype))

@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import tvm
 from tvm import DataType, relax, te, tirx
+from tvm.ir.expr import Constant
 from tvm.relax import PyExprMutator
 
+from tvmamp.tensors import out_dtype as conv_out_dtype
 from tvmamp.tensors import static_shape
 
 from .conv2d_im2col import GEMM_PATTERN, Geometry, astype, reshape
@@ -291,10 +293,12 @@ class _Rewriter(PyExprMutator):
         data, weight = call.args
         low = str(data.ty.dtype)
         source = self.bound.get(data, data)
-        out_dtype = str(call.attrs.out_dtype) or low
+        out_dtype = conv_out_dtype(call, low)
         source_dtype = str(source.ty.dtype)
         if uses_planes(g, source_dtype):
             taps = astype(reshape(weight, (g.c, g.kh * g.kw)), "float32")
+            if not isinstance(taps, Constant):  # a run-time weight: call_te takes no call
+                taps = self.builder_.emit(taps)
             kernel, name = planes_conv, "depthwise_planes"
             if strided_planes(g, source_dtype):  # pairs of fp32 columns
                 view = relax.op.memory.view(source, (g.n, g.c, g.h, g.w // 2), "uint64")

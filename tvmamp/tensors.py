@@ -27,6 +27,16 @@ def tensor_dtype(expr: relax.Expr) -> str | None:
     return type_dtype(getattr(expr, "ty", None))
 
 
+def out_dtype(call: relax.Call, default: str) -> str:
+    """The ``out_dtype`` attribute of a conv or matmul ``call``, or ``default`` when unset.
+
+    An unset ``out_dtype`` is ``None`` (``str()`` of it is the truthy ``"None"``) or ``""``.
+    """
+    value = call.attrs.out_dtype
+    text = "" if value is None else str(value)
+    return text if text not in ("", "None", "void") else default
+
+
 def static_shape(ty) -> tuple[int, ...] | None:
     """The shape of a ``relax.TensorType`` when every dimension is a constant, else None."""
     if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):

@@ -184,3 +184,31 @@ def test_forced_cpu_kinds_build_vector_fmas(kind, name):
     register = "zmm" if "avx512f" in cpu_level_features(kind) else "ymm"
     asm = lib.inspect_source("asm")
     assert re.search(rf"vfmadd\w+ps\s+[^\n]*%{register}", asm), f"no {register} FMA for {kind}"
+
+
+@pytest.mark.parametrize("constant", [True, False], ids=["const_w", "runtime_w"])
+@pytest.mark.parametrize("groups", [8, 2, 1], ids=["depthwise", "grouped", "dense"])
+def test_float16_conv_without_out_dtype_builds_at_o0(rng, groups, constant):
+    """An fp16 model's conv2d has no out_dtype (``None``); str(None) is the truthy "None", and
+    the depthwise rewrite failed with "unknown dtype `None`" (an fp16 ONNX MobileNet at O0).
+    With the weight an input, it failed in call_te ("not supported type in emit_te")."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 8, 15, 17), "float16"))
+    w = relax.Var("w", relax.TensorType((8, 8 // groups, 3, 3), "float16"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.nn.conv2d(x, w, padding=1, groups=groups))
+        bb.emit_func_output(out)
+    data = rng.standard_normal((1, 8, 15, 17)).astype("float16")
+    weight = rng.standard_normal((8, 8 // groups, 3, 3)).astype("float16")
+    mod = bb.get()
+    if constant:
+        mod["main"] = mod["main"].bind_params({"w": relax.const(weight, "float16")})
+    exe = tvmamp.build(mod, "O0", "llvm")
+    out = exe(data) if constant else exe(data, weight)
+    conv = torch.nn.functional.conv2d
+    ref = conv(
+        torch.from_numpy(data).double(), torch.from_numpy(weight).double(), None, 1, 1, 1, groups
+    )
+    err = np.abs(np.asarray(out, dtype="float64") - ref.numpy()).max() / np.abs(ref.numpy()).max()
+    assert err <= 5e-3
