@@ -536,3 +536,49 @@ def test_resize_keeps_its_out_dtype_and_the_output_is_fp32(level):
     assert out.dtype == np.float32
     ref = tvmamp.build(mod, "O0", "llvm")(a)
     np.testing.assert_allclose(out, ref, rtol=2e-2, atol=2e-2)
+
+
+def test_o3_sum_reads_low_and_adds_up_in_float32():
+    """O3 ran ``x.sum(-1)`` in bf16: the running sum of 4096 values near 0.8 stopped at 1024.
+    A low reduction now reads the low input and adds up in the accumulate dtype."""
+
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(x: R.Tensor((2, 4096), "float32")):
+            with R.dataflow():
+                s = R.sum(x, axis=[-1])
+                R.output(s)
+            return s
+
+    @I.ir_module
+    class Expected:
+        @R.function
+        def main(x: R.Tensor((2, 4096), "float32")):
+            with R.dataflow():
+                x16 = R.astype(x, "bfloat16")
+                x32 = R.astype(x16, "float32")
+                s = R.sum(x32, axis=[-1])
+                R.output(s)
+            return s
+
+    out, report = run(Before, "O3", "bfloat16")
+    tvm.ir.assert_structural_equal(out, Expected)
+    assert dict(report.ops["relax.sum"]) == {"bfloat16": 1}
+
+
+@pytest.mark.parametrize("op", ["sum", "cumsum", "mean"])
+def test_o3_reductions_match_float32(rng, op):
+    import tvmamp
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((2, 4096), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = getattr(relax.op, op)(x, axis=-1)
+            out = bb.emit_output(relax.op.nn.relu(y))  # a low consumer after the reduction
+        bb.emit_func_output(out)
+    data = np.abs(rng.standard_normal((2, 4096))).astype("float32") + 0.1
+    ref = {"sum": data.sum(-1), "mean": data.mean(-1), "cumsum": np.cumsum(data, -1)}[op]
+    got = np.asarray(tvmamp.build(bb.get(), "O3", "llvm", "bfloat16")(data), dtype="float64")
+    assert np.abs(got - ref).max() / np.abs(ref).max() <= 1e-2  # bf16 inputs and output
