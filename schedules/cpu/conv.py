@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 from tvm import s_tir, tirx
 from tvm.s_tir.schedule import SBlockRV
 from tvm.target import Target
 
-from .common import CPURule, vector_lanes
+from .common import CPURule, num_cores, use_parallel, vector_lanes
 from .conv_common import (
     ConvShape,
     TilePlan,
@@ -18,6 +19,7 @@ from .conv_common import (
     find_conv,
     finish,
     pack_weight,
+    spread_columns,
     stage_data,
     tile_pixels,
     vector_width,
@@ -84,7 +86,9 @@ class CPUConv2d(CPURule):
         def schedule(sch, conv):
             config = self.CONFIGS[vector_lanes(target) * 32]
             lanes = vector_lanes(target, accumulate_dtype(sch, conv))
-            plan = choose_plan(found["shape"], lanes, config.registers)
+            plan = choose_plan(
+                found["shape"], lanes, config.registers, *_batch_and_cores(sch, conv, target)
+            )
             if plan.mode == "groups":
                 schedule_groups(sch, conv, found["shape"], plan, target)
             elif plan.mode == "columns":
@@ -97,7 +101,8 @@ class CPUConv2d(CPURule):
 
 def _schedule_filters(sch: s_tir.Schedule, conv: SBlockRV, plan: TilePlan, target: Target):
     """Vectorise over ``plan.tile_v`` output channels (in power-of-two vectors, unrolled); tile,
-    pack and parallelise in place."""
+    pack and parallelise in place: batch, channel tiles and row tiles, and chunks of the column
+    tiles when those are fewer than the cores (:func:`.conv_common.spread_columns`)."""
     dtype = accumulate_dtype(sch, conv)
     stage_data(sch, conv, dtype, always=False)
     tile_f = plan.tile_v
@@ -106,10 +111,17 @@ def _schedule_filters(sch: s_tir.Schedule, conv: SBlockRV, plan: TilePlan, targe
     width = vector_width(tile_f, vector_lanes(target, dtype))
     f_outer, f_chunk, f_inner = sch.split(f, [None, tile_f // width, width])
     outer, x_outer = tile_pixels(sch, conv, plan, [n, f_outer], [f_chunk, f_inner])
+    outer, x_outer = spread_columns(sch, conv, outer, x_outer, target)
     sch.unroll(f_chunk)
     sch.vectorize(f_inner)
     # Channels innermost in the accumulator tile, so that each row of it is one vector.
     finish(sch, conv, outer, x_outer, lambda n, f, y, x: (n, y, x, f), target)
+
+
+def _batch_and_cores(sch: s_tir.Schedule, conv: SBlockRV, target: Target) -> tuple[int, int]:
+    """The conv's batch, and the cores its tiles should keep busy (1 when it runs serially)."""
+    extents = [int(iv.dom.extent) for iv in sch.get(conv).iter_vars]
+    return extents[0], num_cores(target) if use_parallel(target, math.prod(extents)) else 1
 
 
 __all__ = ["CPUConv2d", "ConvShape"]

@@ -31,7 +31,14 @@ from tvm.sym.analyzer import Analyzer
 from tvm.target import Target
 
 from .bf16_common import mark_preproc, reads_only_params
-from .common import inline_epilogue, schedule_injective, use_parallel, vector_lanes
+from .common import (
+    inline_epilogue,
+    num_cores,
+    row_chunks,
+    schedule_injective,
+    use_parallel,
+    vector_lanes,
+)
 
 
 @dataclass(frozen=True)
@@ -134,19 +141,34 @@ def _score(useful: float, weights: int, pixels: int) -> float:
     return useful * weights * pixels / 2 / cycles
 
 
-def choose_plan(shape: ConvShape, lanes: int, registers: int) -> TilePlan:
+def choose_plan(
+    shape: ConvShape, lanes: int, registers: int, batch: int = 1, cores: int = 1
+) -> TilePlan:
     """The best register tiling of ``shape`` with ``registers`` accumulator vectors.
 
     Pixel tiles are ``tile_y x tile_x`` with ``tile_y | oh`` and ``tile_x | ow``; a
     ``filters`` tile takes ``tile_f | Fg`` channels (``tile_f / vector_width`` vectors), a
     ``groups`` tile ``tile_g | G`` groups, a power of two (one vector per channel of the
-    group). Ties go to
-    the larger tile.
+    group). Ties go to the larger tile.
+
+    With ``cores`` > 1, a ``filters`` tiling whose ``batch`` images have fewer tiles than
+    cores (a narrow conv on a 7 x 7 image) gives way to the ``filters`` tiling of the least
+    time on the busiest core (:func:`_spread_plan`).
     """
     columns = _columns_plan(shape, lanes, registers)
     if columns is not None:
         return columns
-    best = None
+    plans = _scored_plans(shape, lanes, registers)
+    best = max(plans, key=lambda pair: pair[0])[1]  # the first of the equal keys
+    if cores > 1 and best.mode == "filters" and plan_tiles(shape, best, batch) < cores:
+        filters = [p for _, p in plans if p.mode == "filters"]
+        return _spread_plan(shape, best, filters, batch, cores)
+    return best
+
+
+def _scored_plans(shape: ConvShape, lanes: int, registers: int) -> list[tuple[tuple, TilePlan]]:
+    """Every ``filters`` and ``groups`` tiling of :func:`choose_plan`, each with its sort key."""
+    plans = []
     options = []
     for tile in _divisors(shape.fg, 3 * lanes):
         width = vector_width(tile, lanes)
@@ -163,10 +185,35 @@ def choose_plan(shape: ConvShape, lanes: int, registers: int) -> TilePlan:
                 plan = TilePlan(
                     mode, tile_v, tile_y, tile_x, _score(useful, weights, tile_y * tile_x)
                 )
-                key = (round(plan.score, 3), tile_v * tile_y * tile_x, tile_x)
-                if best is None or key > best[0]:
-                    best = (key, plan)
-    return best[1]
+                plans.append(((round(plan.score, 3), tile_v * tile_y * tile_x, tile_x), plan))
+    return plans
+
+
+def plan_tiles(shape: ConvShape, plan: TilePlan, batch: int) -> int:
+    """How many register tiles ``plan`` cuts ``batch`` images of ``shape`` into."""
+    channels = shape.groups * shape.fg if plan.mode == "filters" else shape.groups
+    pixels = (shape.oh // plan.tile_y) * (shape.ow // plan.tile_x)
+    return batch * channels // plan.tile_v * pixels
+
+
+def _spread_plan(
+    shape: ConvShape, first: TilePlan, plans: list[TilePlan], batch: int, cores: int
+) -> TilePlan:
+    """The plan of ``plans`` whose busiest core, its tiles dealt out to ``cores``, takes the
+    least time (tiles a core times tile work over efficiency); ties go to the earlier plan's
+    larger tile, as in :func:`choose_plan`. ``first`` (the best plan on one core) stays unless
+    that saves more than a tenth of its time: its tiles can be spread too, in column chunks."""
+
+    def cost(plan: TilePlan) -> float:
+        tiles = plan_tiles(shape, plan, batch)
+        return round(-(-tiles // cores) / tiles / plan.score, 6)
+
+    best = None
+    for plan in plans:
+        key = (-cost(plan), round(plan.score, 3), plan.tile_v * plan.tile_y * plan.tile_x)
+        if best is None or key > best[0]:
+            best = (key, plan)
+    return best[1] if cost(first) > cost(best[1]) * _SPREAD_GAIN else first
 
 
 def _columns_plan(shape: ConvShape, lanes: int, registers: int) -> TilePlan | None:
@@ -186,6 +233,10 @@ def _columns_plan(shape: ConvShape, lanes: int, registers: int) -> TilePlan | No
     tile_y = max(_divisors(shape.oh, max(1, budget // vectors)))
     return TilePlan("columns", width, tile_y, vectors, 1.0)
 
+
+# The least saving (a factor of the busiest core's time) for which a conv with too few tiles
+# for the cores takes a smaller tiling.
+_SPREAD_GAIN = 1.1
 
 # Fewest columns in a vector of the ``columns`` tiling (narrower rows vectorise the channels).
 _MIN_COLUMN_LANES = 8
@@ -240,12 +291,15 @@ def tile_pixels(
     head: list,
     tail: list,
     fuse_rows: bool = True,
+    chunks: int = 1,
 ) -> tuple[LoopRV, LoopRV]:
     """Order ``(*head, y/ty, x/tx, c, ky, kx, ty, tx, *tail)``, unroll ``ty, tx``.
 
     ``head`` and ``tail`` are the split channel loops, before the conv's last five loops
     ``y, x, c, ky, kx``; returns the fused outer loop (``*head, y/ty``, or only ``*head``
-    when not ``fuse_rows``) and the column-tile loop.
+    when not ``fuse_rows``) and the column-tile loop. Not ``fuse_rows``, ``chunks`` > 1 cuts
+    the row tiles into that many chunks (it divides them) and fuses the chunk loop into the
+    outer loop: ``(*head, chunk), y/ty/chunks, ...``.
     """
     y, x, c, ky, kx = sch.get_loops(conv)[-5:]
     y_outer, y_inner = sch.split(y, [None, plan.tile_y])
@@ -253,7 +307,34 @@ def tile_pixels(
     sch.reorder(*head, y_outer, x_outer, c, ky, kx, y_inner, x_inner, *tail)
     sch.unroll(y_inner)
     sch.unroll(x_inner)
-    return sch.fuse(*head, y_outer) if fuse_rows else sch.fuse(*head), x_outer
+    if fuse_rows:
+        return sch.fuse(*head, y_outer), x_outer
+    if chunks > 1:
+        chunk, _ = sch.split(y_outer, [chunks, None])
+        return sch.fuse(*head, chunk), x_outer
+    return sch.fuse(*head), x_outer
+
+
+def spread_columns(
+    sch: s_tir.Schedule, conv: SBlockRV, outer: LoopRV, x_outer: LoopRV, target: Target
+) -> tuple[LoopRV, LoopRV]:
+    """Give a conv whose parallel ``outer`` loop has fewer tasks than the target's cores more:
+    cut the column tiles ``x_outer``, directly inside it, into chunks (:func:`.row_chunks`) and
+    fuse the chunk loop into ``outer``. Returns the new ``outer`` and column-tile loops (the
+    same when ``outer`` has enough tasks or the conv runs serially).
+
+    A conv1d as a height-1 conv2d has a single row tile: its 123 column tiles ran serially, in
+    2 to 8 tasks, however many cores.
+    """
+    work = math.prod(int(iv.dom.extent) for iv in sch.get(conv).iter_vars)
+    cores, tasks = num_cores(target), int(sch.get(outer).extent)
+    if not use_parallel(target, work) or tasks >= cores:
+        return outer, x_outer
+    chunks = row_chunks(cores, tasks, int(sch.get(x_outer).extent))
+    if chunks == 1:
+        return outer, x_outer
+    chunk, x_outer = sch.split(x_outer, [chunks, None])
+    return sch.fuse(outer, chunk), x_outer
 
 
 def finish(
@@ -279,8 +360,9 @@ def finish(
         sch.vectorize(sch.get_loops(acc)[-1])
     work = math.prod(int(iv.dom.extent) for iv in sch.get(conv).iter_vars)
     parallel = use_parallel(target, work)
+    cores = num_cores(target)
     for block in _producers(sch, conv):  # the data copy, padding, dilation, weight packing
-        if not _is_scheduled(sch, block) and not schedule_padding(sch, block, parallel):
+        if not _is_scheduled(sch, block) and not schedule_padding(sch, block, parallel, cores):
             schedule_injective(sch, block, vector_lanes(target), parallel)
     if parallel:
         sch.parallel(outer)  # before decompose_reduction, which breaks the check
@@ -308,7 +390,7 @@ def _is_scheduled(sch: s_tir.Schedule, block: SBlockRV) -> bool:
     return any(loop.kind != tirx.ForKind.SERIAL or loop.annotations for loop in loops)
 
 
-def schedule_padding(sch: s_tir.Schedule, block: SBlockRV, parallel: bool) -> bool:
+def schedule_padding(sch: s_tir.Schedule, block: SBlockRV, parallel: bool, cores: int = 1) -> bool:
     """Schedule a root-level NCHW padding copy ``P[n, c, y, x] = D[n, c, y - top, x - left]``
     (zero outside ``D``, cast or not) one plane at a time (planes in parallel when
     ``parallel``), its rows and columns of zeros looped apart from the input's and each row
@@ -318,6 +400,9 @@ def schedule_padding(sch: s_tir.Schedule, block: SBlockRV, parallel: bool) -> bo
     Fused and cut into vectors of 16, a padded plane's rows (30 for 28 x 28) did not line up
     with the vectors: each element's indices took an integer division and the copy ran
     element by element (a grouped 32 x 28 x 28 conv: 0.081 ms at O2, 0.048 at O0).
+
+    In parallel with fewer planes than ``cores`` (a 3-channel image), the padded rows run in
+    parallel too: the plane and row loops are fused, and only the columns are split apart.
     """
     stmt = sch.get(block)
     loops = sch.get_loops(block)
@@ -328,6 +413,12 @@ def schedule_padding(sch: s_tir.Schedule, block: SBlockRV, parallel: bool) -> bo
     if (rows[1], cols[1]) == tuple(extents):  # no padding: not this block
         return False
     plane = sch.fuse(*loops[:2])
+    if parallel and int(sch.get(plane).extent) < cores:
+        plane = sch.fuse(plane, loops[2])
+        for segment in _partition(sch, sch.get_loops(block)[-1], *cols):
+            sch.vectorize(segment)
+        sch.parallel(plane)
+        return True
     vectorise_interior(sch, block, rows, cols)
     if parallel:
         sch.parallel(plane)

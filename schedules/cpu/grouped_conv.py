@@ -16,23 +16,33 @@ import math
 
 from tvm import s_tir
 from tvm.s_tir.dlight.analysis import get_root_block
-from tvm.s_tir.schedule import SBlockRV
+from tvm.s_tir.schedule import LoopRV, SBlockRV
 from tvm.target import Target
 
 from tvmamp.relay_passes.conv2d_im2col import WINDOW_ATTR
 from tvmamp.relay_passes.grouped_conv_gemm import PERMUTE_ATTR
 
-from . import conv_staging
-from .common import inline_epilogue, largest_divisor, logger, use_parallel, vector_lanes
+from . import conv_staging, transpose_intrin
+from .common import (
+    inline_epilogue,
+    largest_divisor,
+    logger,
+    num_cores,
+    row_chunks,
+    use_parallel,
+    vector_lanes,
+)
 from .conv_common import (
     ConvShape,
     TilePlan,
     accumulate_dtype,
     finish,
     pack_weight,
+    padding_interior,
     stage_data,
     tile_pixels,
     vector_width,
+    vectorise_interior,
 )
 
 # The most channels a permutation unrolls at once.
@@ -100,17 +110,93 @@ def _schedule_groups(
     n, f = sch.get_loops(conv)[:2]
     g_outer, g_inner, f_inner = sch.split(f, [None, tile_g, fg])
     # Transposed, one outer iteration is one group of channels: its input is staged and its
-    # output written right there, while in cache.
+    # output written right there, while in cache. With fewer groups than cores, it is a chunk
+    # of a group's output rows instead, written there; the input is staged whole before.
+    chunks = _row_chunks(sch, conv, plan, target) if transposed else 1
     head, tail = [n, g_outer], [f_inner, g_inner]
-    outer, x_outer = tile_pixels(sch, conv, plan, head, tail, fuse_rows=not transposed)
+    outer, x_outer = tile_pixels(sch, conv, plan, head, tail, not transposed, chunks)
     sch.unroll(f_inner)
     sch.vectorize(g_inner)
-    if staging is not None:
+    if staging is not None and chunks > 1:
+        _place_input_whole(sch, staging, parallel=True)  # chunks: it runs in parallel
+    elif staging is not None:
         conv_staging.place_input(sch, staging, outer)
-    write_back = functools.partial(conv_staging.stage_output, outer=outer) if transposed else None
+    write_back = None
+    if chunks > 1:
+        write_back = functools.partial(_stage_output_rows, outer=outer, rows=shape.oh // chunks)
+    elif transposed:
+        write_back = functools.partial(conv_staging.stage_output, outer=outer)
     # Groups innermost in the accumulator tile: one vector per (pixel, channel of the group).
     layout = lambda n, f, y, x: (n, y, x, f % fg, f // fg)  # noqa: E731
     finish(sch, conv, outer, x_outer, layout, target, write_back)
+
+
+def _row_chunks(sch: s_tir.Schedule, conv: SBlockRV, plan: TilePlan, target: Target) -> int:
+    """How many chunks of output rows each group of a transposed depthwise conv is cut into:
+    1 unless it runs in parallel with fewer images x groups than cores (:func:`.row_chunks`).
+
+    Staged and written a whole group at a time, mobilenet_v2's 96-channel depthwise conv had 6
+    parallel tasks for 16 cores; in chunks of 8 of its 56 output rows it has 42.
+    """
+    extents = [int(iv.dom.extent) for iv in sch.get(conv).iter_vars]
+    tasks = extents[0] * extents[1] // plan.tile_v
+    cores = num_cores(target)
+    if not use_parallel(target, math.prod(extents)) or tasks >= cores:
+        return 1
+    return row_chunks(cores, tasks, extents[2] // plan.tile_y)
+
+
+def _place_input_whole(sch: s_tir.Schedule, staging, parallel: bool) -> None:
+    """Stage the whole input before the conv, for a conv whose groups are cut into chunks of
+    rows: pad its planes (planes in parallel), then transpose each group's planes (groups in
+    parallel), with the 16 x 16 transposes of :func:`.conv_staging.place_input`.
+
+    Staged inside each chunk, the chunks' input rows overlap (the kernel's halo), so their
+    flat pixel ranges do not tile the planes and the transposes do not apply: the staging by
+    gathers took 345 us for mobilenet_v2's 96 x 112 x 112 stride-2 depthwise conv on one Zen5
+    thread, 287 us staged whole, 278 us staged a group at a time (one task per group).
+    """
+    pad = staging.pad
+    plane = sch.fuse(*sch.get_loops(pad)[:2])
+    vectorise_interior(sch, pad, padding_interior(sch, pad, 2), padding_interior(sch, pad, 3))
+    n, group, pixels, _ = sch.get_loops(staging.staged)
+    intrin, llvm_ir = transpose_intrin.rows_intrin(staging.dtype, int(sch.get(pixels).extent))
+    sch.tensorize(sch.blockize(pixels), intrin)
+    groups = sch.fuse(n, group)
+    sch.annotate(groups, "pragma_import_llvm", llvm_ir)
+    if parallel:
+        sch.parallel(plane)
+        sch.parallel(groups)
+
+
+def _stage_output_rows(sch: s_tir.Schedule, acc: SBlockRV, outer: LoopRV, rows: int) -> bool:
+    """:func:`.conv_staging.stage_output` for an ``outer`` loop over chunks of ``rows`` output
+    rows of each group: each chunk transposes its rows into ``[16, rows, OW]`` of the planes.
+    False (``sch`` untouched: the tiles are written to the planes directly) for one row a
+    chunk, or when the output dtype has no transpose."""
+    out = sch.get(acc).writes[0].source
+    width = int(out.shape[3])
+    dtype = str(out.dtype)
+    rows_dtype = "float32" if dtype == "bfloat16" else dtype  # as conv_staging.stage_output
+    found = transpose_intrin.planes_intrin(rows_dtype, dtype, rows, width)
+    # One row does not match the intrinsic's [16, rows, OW] (its unit loop is gone).
+    if found is None or rows < 2 or rows * width < transpose_intrin.SIDE:
+        return False
+    side = transpose_intrin.SIDE
+    copy = sch.cache_write(acc, 0, "global")
+    if rows_dtype != dtype:
+        sch.unsafe_set_dtype(acc, 0, rows_dtype)
+    sch.transform_layout(
+        acc, ("write", 0), lambda n, c, y, x: (n, c // side, y * width + x, c % side)
+    )
+    *_, c, y, x = sch.get_loops(acc)
+    sch.reorder(y, x, c)
+    sch.vectorize(c)
+    sch.reverse_compute_at(copy, outer, preserve_unit_loops=True)
+    n, c = sch.get_loops(copy)[-4:-2]
+    sch.annotate(n, "pragma_import_llvm", found[1])
+    sch.tensorize(sch.blockize(c), found[0])
+    return True
 
 
 def schedule_columns(sch: s_tir.Schedule, conv: SBlockRV, plan: TilePlan, target: Target):
