@@ -17,7 +17,11 @@ from tvm.s_tir.dlight.analysis import SBlockInfo, normalize_prim_func
 from tvm.s_tir.schedule import ScheduleError
 from tvm.target import Target
 
-from .common import CPURule, static_extent, use_parallel, vector_lanes
+from .common import CPURule, divisors, num_cores, static_extent, use_parallel, vector_lanes
+
+# The fewest elements of a row one parallel task of a long-row reduction handles: below this
+# the extra combine step and the task start cost more than the cores save.
+MIN_CHUNK = 1024
 
 
 class CPURowReduction(CPURule):
@@ -30,6 +34,10 @@ class CPURowReduction(CPURule):
     inlined into the last block. Rows run in a fused outer loop (parallel when the target has
     several cores and the work is large enough); inside a row every remaining block is a
     vectorised loop, each reduction accumulating one SIMD register of partial results.
+
+    Rows fewer than the cores and long (a group norm of 4-8 groups of 65,536 elements) are cut
+    into chunks instead (:func:`_schedule_long_rows`): each pass over the rows is a parallel
+    loop over (row, chunk) of its own, the partial results of every chunk combined in between.
     """
 
     def apply(  # pylint: disable=missing-function-docstring
@@ -76,6 +84,10 @@ def _schedule(sch: s_tir.Schedule, target: Target) -> bool:
     if any(n % lanes and n >= 2 * lanes for n in lengths):
         return False  # a long ragged reduction would stay scalar, as in dlight.cpu.Reduction
     work = sum(_iterations(sch, b.block_rv) for b in infos)
+    chunks = _long_row_chunks(sch, infos, rows, lanes, target, work)
+    if chunks > 1:
+        _schedule_long_rows(sch, infos, rows, lanes, chunks)
+        return True
     partials = {}
     for info in infos:
         if not info.is_injective():
@@ -92,6 +104,97 @@ def _schedule(sch: s_tir.Schedule, target: Target) -> bool:
             sch.compute_at(partials[id(info)], row, preserve_unit_loops=True)
             _vector_partial(sch, partials[id(info)])
     return True
+
+
+def _row_count(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, rows: int) -> int:
+    """The number of rows of ``block``: the product of its ``rows`` leading extents."""
+    count = 1
+    for iv in sch.get(block).iter_vars[:rows]:
+        count *= static_extent(iv.dom.extent)
+    return count
+
+
+def _long_row_chunks(
+    sch: s_tir.Schedule, infos: list[SBlockInfo], rows: int, lanes: int, target: Target, work: int
+) -> int:
+    """How many parallel chunks to cut each row into: more than 1 for few, long rows only.
+
+    When the rows are fewer than the target's cores (a group norm of 4-8 groups), each row is
+    cut into chunks of at least :data:`MIN_CHUNK` elements, a whole number of vectors each:
+    the fewest chunks whose busiest core does at most a tenth more vectors than the least
+    possible (as :func:`.common.row_chunks`). Every reduction and the last block must cover
+    the same row length; injective blocks between them must be shorter than a vector (a
+    group norm's per-channel ``gamma``). 1 (one task a row) otherwise.
+    """
+    cores = num_cores(target)
+    last = infos[-1].block_rv
+    count = _row_count(sch, last, rows)
+    if not use_parallel(target, work) or count >= cores:
+        return 1
+    length = _row_length(sch, last, rows)
+    if length % lanes:
+        return 1
+    for info in infos[:-1]:
+        own = _row_length(sch, info.block_rv, rows)
+        if info.is_injective() and own >= lanes:
+            return 1
+        if not info.is_injective() and (
+            own != length or _row_count(sch, info.block_rv, rows) != count
+        ):
+            return 1
+    vectors = length // lanes
+    choices = [d for d in divisors(vectors) if vectors // d * lanes >= MIN_CHUNK]
+    if len(choices) <= 1:
+        return 1
+
+    def busiest(chunks: int) -> int:
+        return -(-count * chunks // cores) * (vectors // chunks)
+
+    least = min(busiest(c) for c in choices)
+    return min(c for c in choices if busiest(c) <= least * 1.1)
+
+
+def _schedule_long_rows(
+    sch: s_tir.Schedule, infos: list[SBlockInfo], rows: int, lanes: int, chunks: int
+) -> None:
+    """Schedule few, long rows: each pass over the rows runs in parallel over (row, chunk).
+
+    Every reduction accumulates one SIMD register of partial results per chunk of each row
+    (``rfactor`` over the chunk and lane axes), in parallel over the rows and chunks; a
+    serial loop then combines the ``chunks * lanes`` partials of each row. The last block
+    runs in parallel over the rows and chunks, vectorised inside. Short injective blocks
+    stay serial loops of their own.
+    """
+    for info in infos[:-1]:
+        block = info.block_rv
+        if info.is_injective():
+            loops = sch.get_loops(block)
+            if len(loops) > 1:
+                sch.fuse(*loops)
+            continue
+        loops = sch.get_loops(block)
+        red = sch.fuse(*loops[rows:]) if len(loops) > rows + 1 else loops[rows]
+        chunk, inner, lane = sch.split(red, [chunks, None, lanes])
+        sch.reorder(chunk, lane, inner)
+        partial = sch.rfactor(sch.fuse(chunk, lane), factor_axis=rows)
+        loops = sch.get_loops(partial)
+        chunk, lane = sch.split(loops[rows], [chunks, lanes])
+        inner = sch.get_loops(partial)[-1]
+        sch.reorder(chunk, inner, lane)
+        task = sch.fuse(*sch.get_loops(partial)[:rows], chunk)
+        sch.parallel(task)
+        sch.vectorize(lane)
+        sch.decompose_reduction(partial, inner)
+        combine = sch.get_loops(block)
+        if len(combine) > 1:
+            sch.fuse(*combine)
+    last = infos[-1].block_rv
+    loops = sch.get_loops(last)
+    inner = sch.fuse(*loops[rows:]) if len(loops) > rows + 1 else loops[rows]
+    chunk, _, vec = sch.split(inner, [chunks, None, lanes])
+    task = sch.fuse(*sch.get_loops(last)[:rows], chunk)
+    sch.parallel(task)
+    sch.vectorize(vec)
 
 
 def _row_length(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, rows: int) -> int:

@@ -26,6 +26,7 @@ from tvm.s_tir import TensorIntrin
 from tvm.script import tirx as T
 from tvm.sym import detect_linear_equation
 from tvm.sym.analyzer import Analyzer
+from tvm.target import Target
 
 SIDE = 16
 BITS = (16, 32)
@@ -475,7 +476,9 @@ def _coalesce(axes: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
     return axes
 
 
-def strided_copy_intrin(copy: StridedCopy, nest: s_tir.SBlockRealize, parallel: bool) -> str | None:
+def strided_copy_intrin(
+    copy: StridedCopy, nest: s_tir.SBlockRealize, parallel: bool, cores: int | None = None
+) -> str | None:
     """Register (once) the tensor intrinsic that runs ``nest``, the whole loop nest of ``copy``
     blockized, as 16 x 16 register transposes; return its name, or None when ``nest`` does
     not read and write both buffers whole.
@@ -485,6 +488,10 @@ def strided_copy_intrin(copy: StridedCopy, nest: s_tir.SBlockRealize, parallel: 
     and the tiles of ``rows`` (in parallel when ``parallel``), then the tiles of ``cols``; the
     last tile of an extent that is not a multiple of 16 starts 16 before its end. It imports
     the LLVM IR of the transpose itself (``pragma_import_llvm`` on its outer loop).
+
+    ``cores``: the target's cores (default: ``num-cores`` of the current target, 1 without
+    one). When the parallel tasks (outer axes times row tiles) are fewer, the tiles of
+    ``cols`` are cut into chunks that run as tasks too (:func:`_col_chunks`).
     """
     block = nest.block
     for regions, buffer in ((block.reads, copy.src), (block.writes, copy.dst)):
@@ -493,7 +500,7 @@ def strided_copy_intrin(copy: StridedCopy, nest: s_tir.SBlockRealize, parallel: 
     if not _unpredicated(block.body):  # a ``T.where`` would skip elements the tiles write
         return None
     desc = s_tir.renew_defs(tirx.PrimFunc([copy.src, copy.dst], nest))
-    impl = _strided_impl(copy, parallel)
+    impl = _strided_impl(copy, parallel, _current_cores() if cores is None else cores)
     name = f"tvmamp_strided_copy_{tvm_ffi.structural_hash([desc, impl]) & (2**64 - 1):016x}"
     found = TensorIntrin.get(name, allow_missing=True)
     if found is None:
@@ -524,8 +531,33 @@ def _whole(region, buffer: tirx.Buffer) -> bool:
     )
 
 
-def _strided_impl(copy: StridedCopy, parallel: bool) -> tirx.PrimFunc:
-    """The implementation of :func:`strided_copy_intrin`: loops calling the 16 x 16 transpose."""
+def _current_cores() -> int:
+    """``num-cores`` of the current target (``with target:``, as the schedule passes run), or 1."""
+    from .common import num_cores  # pylint: disable=import-outside-toplevel (a cycle)
+
+    target = Target.current(allow_none=True)
+    return num_cores(target) if target is not None else 1
+
+
+def _col_chunks(tasks: int, col_tiles: int, cores: int) -> int:
+    """How many chunks of the ``col_tiles`` to run as tasks beside ``tasks`` (1: none).
+
+    Only when ``tasks`` (outer axes times row tiles) are fewer than ``cores``: a
+    ``[16384, 32] -> [32, 16384]`` copy has 2 row tiles and 1,024 column tiles. The chunks are
+    chosen as :func:`.common.row_chunks` chooses row chunks of a GEMM.
+    """
+    from .common import row_chunks  # pylint: disable=import-outside-toplevel (a cycle)
+
+    return row_chunks(cores, tasks, col_tiles) if tasks < cores else 1
+
+
+def _strided_impl(copy: StridedCopy, parallel: bool, cores: int = 1) -> tirx.PrimFunc:
+    """The implementation of :func:`strided_copy_intrin`: loops calling the 16 x 16 transpose.
+
+    The parallel loop is ``task``: the outer axes, the row tiles and, when those are fewer than
+    ``cores``, chunks of the column tiles (innermost); ``col_tile`` runs the column tiles of a
+    chunk.
+    """
     src_type, dst_type = str(copy.src.dtype), str(copy.dst.dtype)
     bits = DataType(dst_type).bits * DataType(dst_type).lanes
     to_bf16 = src_type != dst_type
@@ -542,9 +574,17 @@ def _strided_impl(copy: StridedCopy, parallel: bool) -> tirx.PrimFunc:
     def start(tile, extent):  # the last tile of a ragged extent overlaps the one before
         return tirx.Min(tile * SIDE, i64(extent - SIDE)) if extent % SIDE else tile * SIDE
 
-    row, col = start(task % row_tiles, rows), start(col_tile, cols)
+    chunks = _col_chunks(outer_count * row_tiles, col_tiles, cores) if parallel else 1
+    if chunks > 1:  # the chunk of column tiles is the innermost part of the task
+        per_chunk = col_tiles // chunks
+        row_task = task // chunks
+        col = start(task % chunks * per_chunk + col_tile, cols)
+    else:
+        per_chunk, row_task = col_tiles, task
+        col = start(col_tile, cols)
+    row = start(row_task % row_tiles, rows)
     src_offset, dst_offset = i64(copy.base[0]), i64(copy.base[1])
-    rest = task // row_tiles
+    rest = row_task // row_tiles
     for extent, src_stride, dst_stride in reversed(copy.outer):  # innermost first
         index = rest % extent
         rest = rest // extent
@@ -565,10 +605,11 @@ def _strided_impl(copy: StridedCopy, parallel: bool) -> tirx.PrimFunc:
         pointer(src, src_offset, src_bytes),
         i64(src_col_stride * src_bytes),
     )
-    body = tirx.For(col_tile, i64(0), i64(col_tiles), tirx.ForKind.SERIAL, tirx.Evaluate(call))
+    body = tirx.For(col_tile, i64(0), i64(per_chunk), tirx.ForKind.SERIAL, tirx.Evaluate(call))
     kind = tirx.ForKind.PARALLEL if parallel else tirx.ForKind.SERIAL
     annotations = {"pragma_import_llvm": llvm_ir(bits, to_bf16)}
-    body = tirx.For(task, i64(0), i64(outer_count * row_tiles), kind, body, annotations=annotations)
+    tasks = outer_count * row_tiles * chunks
+    body = tirx.For(task, i64(0), i64(tasks), kind, body, annotations=annotations)
 
     def whole(buffer):
         return tirx.BufferRegion(buffer, [Range.from_min_extent(0, n) for n in buffer.shape])
