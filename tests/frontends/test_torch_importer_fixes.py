@@ -370,3 +370,54 @@ def test_one_sided_clamp(fn, dtype, rng):
 
 def test_clamp_of_int_tensor_with_float_bound_promotes(rng):
     _check(lambda x: x.clamp(min=1.5), _ints(rng, 4, 6))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_a_low_precision_model_is_refused_with_the_fix(dtype):
+    """``model.half()`` failed inside TVM's importer ("Binary operators must have the same
+    datatype ... T.float16 on the LHS ... T.float32 on the RHS")."""
+    low = getattr(torch, dtype)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4)).to(low).eval()
+    with pytest.raises(ValueError, match=rf"'0.weight' is {dtype}.*model.float\(\)"):
+        tvmamp.from_torch(model, (torch.randn(2, 8).to(low),))
+
+
+class _MaskedFill(torch.nn.Module):
+    def forward(self, x):
+        y = x.clone()
+        y[x > 0] = 0.5
+        return y
+
+
+class _MaskedRows(torch.nn.Module):
+    def forward(self, x):
+        y = x.clone()
+        y[x[:, 0] > 0] = torch.arange(x.shape[1], dtype=x.dtype)  # a row for each masked row
+        return y
+
+
+@pytest.mark.parametrize("module", [_MaskedFill(), _MaskedRows()], ids=["fill", "rows"])
+def test_masked_assignment_is_a_where(module, rng):
+    """``x[mask] = v`` failed in TVM's importer ("IndexPut requires each index tensor to have
+    integer dtype")."""
+    x = rng.standard_normal((5, 4)).astype("float32")
+    mod, params = tvmamp.from_torch(module, (torch.from_numpy(x),))
+    out = tvmamp.build(mod, "O0", "llvm", params=params)(x)
+    np.testing.assert_array_equal(out, module(torch.from_numpy(x)).numpy())
+
+
+@pytest.mark.parametrize(
+    ("fn", "message"),
+    [
+        (lambda x: x[x > 0], "depends on the mask's values"),
+        (lambda x: x[:, torch.tensor([True, False, True, True])], r"indices at dims \[1\]"),
+    ],
+    ids=["selection", "mask_on_dim_1"],
+)
+def test_boolean_selection_is_refused_clearly(fn, message):
+    class Select(torch.nn.Module):
+        def forward(self, x):
+            return fn(x)
+
+    with pytest.raises(ValueError, match=message):
+        tvmamp.from_torch(Select(), (torch.randn(3, 4),))

@@ -73,6 +73,7 @@ def from_torch(
             f"tvmamp.from_torch: expected a torch.nn.Module or torch.export.ExportedProgram, "
             f"got {type(module).__name__}"
         )
+    _check_float32_weights(torch, module)
     args, kwargs = _as_tensors(torch, example_inputs)
     dynamic = _batch_dims(torch, args, kwargs) if dynamic_batch else None
     with _eval_mode(torch, module, train_mode):
@@ -84,6 +85,23 @@ def from_torch(
                 f"{err}{_cache_hint(module, err)}"
             ) from err
     return import_exported_program(program, custom_convert_map=custom_convert_map)
+
+
+def _check_float32_weights(torch, module) -> None:
+    """Refuse a model whose weights are float16/bfloat16 (``model.half()``), with the fix.
+
+    TVM's importer mixes them with float32 values (a Linear's bias add failed with "Binary
+    operators must have the same datatype"), and choosing low precision is tvmamp's job.
+    """
+    low = (torch.float16, torch.bfloat16)
+    for name, tensor in [*module.named_parameters(), *module.named_buffers()]:
+        if tensor.dtype in low:
+            dtype = str(tensor.dtype).removeprefix("torch.")
+            raise ValueError(
+                f"tvmamp.from_torch: {name!r} is {dtype}; import the float32 model "
+                f"(model.float(), with float32 inputs) and let tvmamp convert it: "
+                f"tvmamp.build(mod, 'O2', target, {dtype!r}) (or 'O3' for everything low)"
+            )
 
 
 def _check_choice(train_mode):
@@ -595,6 +613,12 @@ def _index(node, importer):
     """
     from tvm import relax
 
+    if _boolean_mask(node, importer, "x[mask]") is not None:
+        raise ValueError(
+            "tvmamp.from_torch: aten.index.Tensor with a boolean mask (x[mask]) has a shape that "
+            "depends on the mask's values, which a compiled model cannot have; index with "
+            "integer indices (torch.nonzero of a constant mask), or use torch.where(mask, x, 0)"
+        )
     operands = _index_operands(node, importer)
     if operands is None or len(operands[1]) < 2:
         return importer._index_tensor(node)
@@ -621,6 +645,9 @@ def _index_put(node, importer):
     """
     from tvm import relax
 
+    mask = _boolean_mask(node, importer, "x[mask] = values")
+    if mask is not None:
+        return _masked_put(node, importer, mask)
     operands = _index_operands(node, importer)
     if operands is None:
         return importer._index_put(node)
@@ -650,6 +677,62 @@ def _index_put(node, importer):
         return out
     inverse = [perm.index(d) for d in range(ndim)]
     return bb.emit(relax.op.permute_dims(out, inverse))
+
+
+def _boolean_mask(node, importer, what: str):
+    """The boolean index of ``aten.index``/``index_put`` (``x[mask]``), or None without one.
+
+    Only one mask over the leading dims (``mask.shape == x.shape[:k]``) is supported; any
+    other boolean index is refused with a clear error (TVM's importer failed with "Take op
+    requires the input indices to have integer dtype").
+    """
+    data = importer.env[node.args[0]]
+    indices = [importer.env[i] if i is not None else None for i in node.args[1]]
+    masks = [t for t in indices if t is not None and str(t.ty.dtype) == "bool"]
+    if not masks:
+        return None
+    mask = indices[0]
+    leading = [int(d) for d in data.ty.shape.values[: mask.ty.ndim]] if mask is not None else []
+    shape = [int(d) for d in mask.ty.shape.values] if mask is not None else None
+    if len(indices) != 1 or masks[0] is not mask or shape != leading:
+        dims = [d for d, t in enumerate(indices) if t is not None]
+        raise ValueError(
+            f"tvmamp.from_torch: {what} with a boolean mask is supported only for one mask "
+            f"over the leading dims of x (here indices at dims {dims} of x of shape "
+            f"{tuple(int(d) for d in data.ty.shape.values)}); rewrite the indexing with "
+            "torch.where or integer indices"
+        )
+    return mask
+
+
+def _masked_put(node, importer, mask):
+    """``x[mask] = values`` (``+=`` with ``accumulate``) as ``where(mask, values, x)``.
+
+    ``values`` must broadcast to the dims of ``x`` after the mask's (a scalar, a row): values
+    listed one per True element depend on the mask's count, which the compiled graph cannot.
+    """
+    from tvm import relax
+
+    bb = importer.block_builder
+    data = importer.env[node.args[0]]
+    values = importer.env[node.args[2]]
+    accumulate = node.args[3] if len(node.args) > 3 else node.kwargs.get("accumulate", False)
+    rest = list(data.ty.shape.values[mask.ty.ndim :])
+    if values.ty.ndim > len(rest):
+        raise ValueError(
+            "tvmamp.from_torch: x[mask] = values with one value per True element of the mask "
+            "is not supported (its length depends on the mask); pass a scalar or a tensor that "
+            "broadcasts over x's remaining dims, or use torch.where"
+        )
+    if str(values.ty.dtype) != str(data.ty.dtype):
+        values = bb.emit(relax.op.astype(values, data.ty.dtype))
+    values = bb.emit(relax.op.broadcast_to(values, list(data.ty.shape.values)))
+    if accumulate:
+        values = bb.emit(relax.op.add(data, values))
+    cond = mask
+    for _ in rest:
+        cond = bb.emit(relax.op.expand_dims(cond, -1))
+    return bb.emit(relax.op.where(cond, values, data))
 
 
 def _as_int64(bb, index):
