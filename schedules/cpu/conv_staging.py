@@ -86,18 +86,26 @@ def place_input(sch: s_tir.Schedule, staging: InputStaging, outer: LoopRV) -> No
     _vectorise_padding(sch, staging.pad)
 
 
-def stage_output(sch: s_tir.Schedule, acc: SBlockRV, outer: LoopRV) -> bool:
+def stage_output(
+    sch: s_tir.Schedule, acc: SBlockRV, outer: LoopRV, rows: int | None = None
+) -> bool:
     """Write the conv's finished tiles (block ``acc``, epilogue inlined, output ``[N, C, OH,
     OW]``) as rows ``[N, C / 16, OH * OW, 16]``, then, at the end of each iteration of
-    ``outer`` (one group of 16 channels), transpose the group's rows into the output's planes.
-    False (``sch`` untouched) when the output dtype has no transpose."""
+    ``outer`` (one group of 16 channels, or with ``rows`` a chunk of that many output rows of
+    one), transpose those rows into the output's planes. False (``sch`` untouched) when the
+    output dtype has no transpose, or for chunks of one row or of fewer than 16 pixels (their
+    unit loop does not match the intrinsic)."""
     out = sch.get(acc).writes[0].source
     _, _, height, width = (int(e) for e in out.shape)
+    chunked = rows is not None
+    rows = height if rows is None else rows
+    if chunked and (rows < 2 or rows * width < SIDE):
+        return False
     # TVM keeps bf16 intermediates in fp32 (BF16ComputeLegalize): bf16 rows are fp32 rows,
     # rounded by the transpose, as TVM rounds the store of a bf16 value.
     dtype = str(out.dtype)
     rows_dtype = "float32" if dtype == "bfloat16" else dtype
-    found = transpose.planes_intrin(rows_dtype, dtype, height, width)
+    found = transpose.planes_intrin(rows_dtype, dtype, rows, width)
     if found is None:
         return False
     copy = sch.cache_write(acc, 0, "global")

@@ -16,7 +16,7 @@ import math
 
 from tvm import s_tir
 from tvm.s_tir.dlight.analysis import get_root_block
-from tvm.s_tir.schedule import LoopRV, SBlockRV
+from tvm.s_tir.schedule import SBlockRV
 from tvm.target import Target
 
 from tvmamp.relay_passes.conv2d_im2col import WINDOW_ATTR
@@ -123,7 +123,9 @@ def _schedule_groups(
         conv_staging.place_input(sch, staging, outer)
     write_back = None
     if chunks > 1:
-        write_back = functools.partial(_stage_output_rows, outer=outer, rows=shape.oh // chunks)
+        write_back = functools.partial(
+            conv_staging.stage_output, outer=outer, rows=shape.oh // chunks
+        )
     elif transposed:
         write_back = functools.partial(conv_staging.stage_output, outer=outer)
     # Groups innermost in the accumulator tile: one vector per (pixel, channel of the group).
@@ -167,36 +169,6 @@ def _place_input_whole(sch: s_tir.Schedule, staging, parallel: bool) -> None:
     if parallel:
         sch.parallel(plane)
         sch.parallel(groups)
-
-
-def _stage_output_rows(sch: s_tir.Schedule, acc: SBlockRV, outer: LoopRV, rows: int) -> bool:
-    """:func:`.conv_staging.stage_output` for an ``outer`` loop over chunks of ``rows`` output
-    rows of each group: each chunk transposes its rows into ``[16, rows, OW]`` of the planes.
-    False (``sch`` untouched: the tiles are written to the planes directly) for one row a
-    chunk, or when the output dtype has no transpose."""
-    out = sch.get(acc).writes[0].source
-    width = int(out.shape[3])
-    dtype = str(out.dtype)
-    rows_dtype = "float32" if dtype == "bfloat16" else dtype  # as conv_staging.stage_output
-    found = transpose_intrin.planes_intrin(rows_dtype, dtype, rows, width)
-    # One row does not match the intrinsic's [16, rows, OW] (its unit loop is gone).
-    if found is None or rows < 2 or rows * width < transpose_intrin.SIDE:
-        return False
-    side = transpose_intrin.SIDE
-    copy = sch.cache_write(acc, 0, "global")
-    if rows_dtype != dtype:
-        sch.unsafe_set_dtype(acc, 0, rows_dtype)
-    sch.transform_layout(
-        acc, ("write", 0), lambda n, c, y, x: (n, c // side, y * width + x, c % side)
-    )
-    *_, c, y, x = sch.get_loops(acc)
-    sch.reorder(y, x, c)
-    sch.vectorize(c)
-    sch.reverse_compute_at(copy, outer, preserve_unit_loops=True)
-    n, c = sch.get_loops(copy)[-4:-2]
-    sch.annotate(n, "pragma_import_llvm", found[1])
-    sch.tensorize(sch.blockize(c), found[0])
-    return True
 
 
 def schedule_columns(sch: s_tir.Schedule, conv: SBlockRV, plan: TilePlan, target: Target):
