@@ -188,6 +188,7 @@ class _Rewriter(PyExprMutator):
         self._peaks = {}  # constant -> largest finite magnitude in it
         self._low_params = False
         self._fp32_only = set()  # vars whose every use computes in fp32 (O2 analysis)
+        self._fp32_or_result = set()  # the same, counting the function's (fp32) results too
         self._func_name = "main"
         self._seen_names = {}  # name -> count, to make node ids unique as the printer does
         self._unique_name = ""
@@ -198,6 +199,8 @@ class _Rewriter(PyExprMutator):
         self._low_params = low_io
         self._func_name = name
         self._fp32_only = _feeds_fp32_only(func, self.policy)
+        # with keep_io_types the results are cast back to fp32: a use like an fp32 op's
+        self._fp32_or_result = set() if low_io else _feeds_fp32_only(func, self.policy, True)
         self._seen_names = {}
         for param in func.params:  # the TVMScript printer numbers names after the parameters
             self._make_unique(param.name)
@@ -413,13 +416,31 @@ class _Rewriter(PyExprMutator):
         """O2: a low follow op whose result only feeds fp32 ops and that reads an fp32 value.
 
         A white op's fp32 accumulator counts: the op reads it unrounded, and no cast is needed.
+        A result of the function (cast back to fp32 under ``keep_io_types``) counts as such a
+        use when every input was computed in fp32 (:meth:`_computed_in_fp32`): ``mean(x * x) -
+        mean(x) ** 2`` at the end of a model was rounded to bf16 before the subtraction (error
+        1.85), while a GEMM's logits plus a bias, or an op on the inputs, still run low.
         """
-        # _fp32_only is empty unless the policy is O2 with fp32_feeds on
-        if dtype == "float32" or var not in self._fp32_only:
+        # the sets are empty unless the policy is O2 with fp32_feeds on
+        if dtype == "float32" or self.policy.category(op_name) is not Category.FOLLOW:
             return False
-        if self.policy.category(op_name) is not Category.FOLLOW:
-            return False
-        return any(tensor_dtype(e) == "float32" for e in inputs if not self._is_constant(e))
+        live = [e for e in inputs if not self._is_constant(e)]
+        if var in self._fp32_only:
+            return any(tensor_dtype(e) == "float32" for e in live)
+        if var in self._fp32_or_result:
+            return bool(live) and all(self._computed_in_fp32(e) for e in live)
+        return False
+
+    def _computed_in_fp32(self, expr) -> bool:
+        """An fp32 value an op of the function computed in fp32: not a parameter, a low op's
+        accumulator, an index value or an input-free value."""
+        return (
+            tensor_dtype(expr) == "float32"
+            and expr not in self._nominal
+            and expr not in self._param_names
+            and expr not in self._index_values
+            and expr not in self._generated
+        )
 
     def _override(self, var, node_id, op_name, inputs, dtype, reason="policy"):
         """Apply per-node rules and the overflow guard; returns (dtype, reason)."""
@@ -671,15 +692,19 @@ class _Rewriter(PyExprMutator):
         return var
 
 
-def _feeds_fp32_only(func: relax.Function, policy: Policy) -> set:
+_TUPLE_FIELD = object()  # a use as a field of a tuple binding (in _feeds_fp32_only)
+
+
+def _feeds_fp32_only(func: relax.Function, policy: Policy, results: bool = False) -> set:
     """Vars of ``func`` whose every use computes in fp32 whatever the dtype of the var.
 
     A use counts when it is a direct argument of an op that computes in fp32 even from low
     inputs (the black list, ops the target cannot run low), of ``astype(..., "float32")``, or of
     a follow op whose own result is in the set. Function results do not count: the cast back
     to the caller's dtype is I/O, not a computation (and a GEMM that wrote fp32 logits instead
-    of bf16 ones would be slower). Any other use (tuples, other functions, nested blocks) keeps
-    the var out of the set.
+    of bf16 ones would be slower), unless ``results``: then a use as the function's result
+    counts too (see :meth:`_undone_at_once` for when it decides). Any other use (tuples, other
+    functions, nested blocks) keeps the var out of the set.
     """
     if policy.level != "O2" or not policy.fp32_feeds or not isinstance(func.body, relax.SeqExpr):
         return set()
@@ -696,6 +721,9 @@ def _feeds_fp32_only(func: relax.Function, policy: Policy) -> set:
                         uses.setdefault(free, []).append((None, binding.var))
         elif isinstance(value, relax.Var):
             uses.setdefault(value, []).append((value, binding.var))  # an alias
+        elif isinstance(value, relax.Tuple) and all(isinstance(f, relax.Var) for f in value.fields):
+            for field in value.fields:  # a tuple of results: its own uses decide (``results``)
+                uses.setdefault(field, []).append((_TUPLE_FIELD, binding.var))
         else:
             for free in relax.analysis.free_vars(value):
                 uses.setdefault(free, []).append((None, binding.var))
@@ -703,10 +731,20 @@ def _feeds_fp32_only(func: relax.Function, policy: Policy) -> set:
         uses.setdefault(free, []).append((None, None))
     low = policy.low_dtype
 
+    # with ``results``, a follow consumer counts only when it is fp32 without them: the rule
+    # for results decides from the op's own inputs, so it does not carry over to producers
+    strict = _feeds_fp32_only(func, policy) if results else None
+
     def fp32_use(use, found):
         value, consumer = use
+        if results and value is None and consumer is None:
+            return True  # the function's result, cast back to fp32
         if isinstance(value, relax.Var):  # an alias binding: its own uses decide
             return consumer in found
+        if value is _TUPLE_FIELD:
+            return results and consumer in found
+        if strict is not None:
+            found = strict
         if not isinstance(value, relax.Call):
             return False
         name = value.op.name
