@@ -305,10 +305,16 @@ class _Rewriter(PyExprMutator):
                 source = self.builder_.emit(view)
         else:
             taps, kernel, name = weight, direct_conv, "depthwise_direct"
-        return self.builder_.call_te(
-            lambda x, w: kernel(x, w, g, low, out_dtype),
+        # The kernels accumulate in their output dtype, which the AMP pass makes fp32. A low
+        # model's conv (bf16 in, bf16 out, at O0) accumulates in fp32 too, then is rounded:
+        # accumulated in bf16 its results were wrong (error above 1).
+        result = self.builder_.call_te(
+            lambda x, w: kernel(x, w, g, low, "float32"),
             source,
             taps,
             primfunc_name_hint=name,
             primfunc_attrs={"op_pattern": GEMM_PATTERN},
         )
+        if out_dtype == "float32":
+            return result
+        return self.builder_.emit(relax.op.astype(result, out_dtype))
