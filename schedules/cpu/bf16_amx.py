@@ -10,7 +10,8 @@ from tvm.s_tir.schedule import SBlockRV
 from tvm.target import Target
 
 from ..x86 import amx_intrin
-from .common import divisors, inline_epilogue, num_cores, use_parallel
+from .common import inline_epilogue, num_cores, use_parallel
+from .parallel import divisors
 
 TILE_ROWS = 16  # rows of one A tile
 TILE_K = amx_intrin.K_STEP  # bf16 values of K in one A tile row (64 bytes)

@@ -16,6 +16,7 @@ from tvm.target.codegen import target_has_features
 from tvm.tirx.analysis import undefined_vars
 
 from . import transpose_intrin as transpose
+from .parallel import num_cores, row_chunks
 
 # Vector register width in bits, by the widest x86 feature the target has.
 _VECTOR_BITS_BY_FEATURE = (("avx512f", 512), ("avx2", 256), ("avx", 256))
@@ -116,38 +117,9 @@ def vector_lanes(target: Target, dtype: str = "float32") -> int:
     return max(1, vector_bits(target) // DataType(dtype).bits)
 
 
-def num_cores(target: Target) -> int:
-    """Return the target's ``num-cores`` attribute (1 when absent)."""
-    cores = target.attrs.get("num-cores", 1)
-    return max(1, int(cores))
-
-
 def use_parallel(target: Target, work: int) -> bool:
     """Return whether a loop nest doing ``work`` scalar operations should run in parallel."""
     return num_cores(target) > 1 and work >= PARALLEL_MIN_WORK
-
-
-def divisors(n: int) -> list[int]:
-    """Return the divisors of ``n``, ascending."""
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def row_chunks(cores: int, column_tasks: int, row_tiles: int) -> int:
-    """Return how many parallel chunks to cut ``row_tiles`` into beside ``column_tasks``.
-
-    A GEMM kernel's parallel tasks are its column blocks, each doing every row; a narrow output
-    (a 64-channel conv, a 1024-column layer under AMX blocking) has fewer of them than cores.
-    The answer is the fewest chunks, a divisor of ``row_tiles``, whose busiest core does at
-    most a tenth more row tiles than the least possible (1 on one core): few chunks keep each
-    task's weight columns in its cache across all its rows.
-    """
-
-    def busiest(chunks: int) -> int:
-        return -(-column_tasks * chunks // cores) * (row_tiles // chunks)
-
-    choices = divisors(row_tiles)
-    least = min(busiest(c) for c in choices)
-    return min(c for c in choices if busiest(c) <= least * 1.1)
 
 
 def parallel_with_rows(

@@ -17,7 +17,8 @@ from tvm.s_tir.dlight.analysis import SBlockInfo, normalize_prim_func
 from tvm.s_tir.schedule import ScheduleError
 from tvm.target import Target
 
-from .common import CPURule, divisors, num_cores, static_extent, use_parallel, vector_lanes
+from .common import CPURule, num_cores, static_extent, use_parallel, vector_lanes
+from .parallel import divisors
 
 # The fewest elements of a row one parallel task of a long-row reduction handles: below this
 # the extra combine step and the task start cost more than the cores save.

@@ -28,6 +28,8 @@ from tvm.sym import detect_linear_equation
 from tvm.sym.analyzer import Analyzer
 from tvm.target import Target
 
+from .parallel import num_cores, row_chunks
+
 SIDE = 16
 BITS = (16, 32)
 
@@ -533,8 +535,6 @@ def _whole(region, buffer: tirx.Buffer) -> bool:
 
 def _current_cores() -> int:
     """``num-cores`` of the current target (``with target:``, as the schedule passes run), or 1."""
-    from .common import num_cores  # pylint: disable=import-outside-toplevel (a cycle)
-
     target = Target.current(allow_none=True)
     return num_cores(target) if target is not None else 1
 
@@ -544,10 +544,8 @@ def _col_chunks(tasks: int, col_tiles: int, cores: int) -> int:
 
     Only when ``tasks`` (outer axes times row tiles) are fewer than ``cores``: a
     ``[16384, 32] -> [32, 16384]`` copy has 2 row tiles and 1,024 column tiles. The chunks are
-    chosen as :func:`.common.row_chunks` chooses row chunks of a GEMM.
+    chosen as :func:`.parallel.row_chunks` chooses row chunks of a GEMM.
     """
-    from .common import row_chunks  # pylint: disable=import-outside-toplevel (a cycle)
-
     return row_chunks(cores, tasks, col_tiles) if tasks < cores else 1
 
 

@@ -18,7 +18,7 @@ from tvm import relax
 
 from tvmamp.pipeline import legalize_passes
 from tvmamp.schedules.cpu import cpu_schedule_passes
-from tvmamp.schedules.cpu.common import row_chunks
+from tvmamp.schedules.cpu.parallel import row_chunks
 from tvmamp.targets.llvm import _host_flags
 
 LEGALIZE = legalize_passes()
