@@ -31,6 +31,7 @@ from tvm import relax
 
 from tvmamp.conversion import Converted
 from tvmamp.executable import Executable
+from tvmamp.relay_passes.low_reductions import LEGALIZE_MAP
 
 # ``hook(converted) -> tvm.IRModule``: rewrites every converted module before it is lowered while
 # registered (the debugging tools insert their packed calls this way). With no hook registered
@@ -68,7 +69,7 @@ def library_dispatch_passes(target, entry, policy) -> list:
 def legalize_passes() -> list:
     """Phase 2: legalize Relax ops to TIR, fold constants, fuse the kernels."""
     return [
-        relax.transform.LegalizeOps(),
+        relax.transform.LegalizeOps(LEGALIZE_MAP),  # low reductions add up in fp32
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),
         relax.transform.FuseOps(),

@@ -57,9 +57,11 @@ STRIDED = ("max_3x3_s2_p1", "max_2x2_s2", "avg_3x3_s2_p1_exclude_pad")
 
 
 def _kernels(mod, target):
+    """The kernels with a reduction (a bf16 mean's widening cast is a kernel of its own)."""
     with target:
         lowered = tvm.transform.Sequential(legalize_passes())(mod)
-    return [f for _, f in lowered.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    items = lowered.functions_items()
+    return [f for gv, f in items if isinstance(f, tvm.tirx.PrimFunc) and gv.name_hint != "cast"]
 
 
 @pytest.mark.parametrize("mcpu", ["znver4", "sapphirerapids", "x86-64-v3"])
