@@ -145,8 +145,8 @@ class AutoMixedPrecision:
         self.report = AmpReport(level=policy.level, low_dtype=policy.low_dtype)
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext):
-        if self.policy.level == "O0":
-            return mod
+        if self.policy.level == "O0" and not _low_unsupported_calls(mod, self.policy):
+            return mod  # O0 changes only a low model's ops that TVM cannot run low
         low_io = {
             gv: not self.keep_io_types and _is_public(func)
             for gv, func in mod.functions_items()
@@ -690,6 +690,24 @@ class _Rewriter(PyExprMutator):
         if count:
             self.report.casts_inserted += 1
         return var
+
+
+def _low_unsupported_calls(mod: tvm.IRModule, policy: Policy) -> bool:
+    """Whether ``mod`` calls an op of ``policy.unsupported`` on a ``policy.low_dtype`` tensor
+    (a bf16 model's sort or argmax: TVM fails to compile them, or crashes, in bf16)."""
+    found = []
+
+    def visit(expr):
+        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op):
+            if expr.op.name in policy.unsupported and any(
+                tensor_dtype(a) == policy.low_dtype for a in expr.args
+            ):
+                found.append(expr)
+
+    for _, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, visit)
+    return bool(found)
 
 
 _TUPLE_FIELD = object()  # a use as a field of a tuple binding (in _feeds_fp32_only)

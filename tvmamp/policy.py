@@ -6,7 +6,7 @@ A :class:`Policy` is frozen data. The AMP pass only reads it; variants come from
 Level semantics (Paddle ``paddle.amp`` and MindSpore ``amp``):
 
 =====  =====================================================================================
-O0     no change
+O0     no change (but a low model's ops TVM cannot run low compute in fp32)
 O1     white ops low, black ops fp32, other ops low only when all their float inputs are low
 O2     every op low except the black list and ops without low-precision support on the target;
        a follow op that only feeds fp32 ops and reads an fp32 value stays fp32 (no round trip)
@@ -263,10 +263,14 @@ class Policy:
     def compute_dtype(self, op_name: str, input_dtypes: Sequence[str]) -> str | None:
         """The dtype ``op_name`` computes in, given the (nominal) dtypes of its float inputs.
 
-        Returns None when the op must not be changed: O0, fixed ops, or no float inputs.
+        Returns None when the op must not be changed: fixed ops, no float inputs, and at O0
+        every op but one TVM cannot run in the low dtype given low inputs (a bf16 model's sort).
         """
         category = self.category(op_name)
-        if self.level == "O0" or category is Category.FIXED or not input_dtypes:
+        if self.level == "O0":  # as written, but a low model's op TVM cannot run low: fp32
+            unsupported = op_name in self.unsupported and self.low_dtype in input_dtypes
+            return "float32" if unsupported and category is not Category.FIXED else None
+        if category is Category.FIXED or not input_dtypes:
             return None
         if op_name in self.unsupported:
             return "float32"

@@ -613,3 +613,33 @@ def test_o2_result_computed_from_fp32_ops_stays_fp32(rng):
     got = tvmamp.build(mod, "O2", "llvm", "bfloat16")(data, weight)[0]
     want = data.astype("float64").var(-1)
     assert np.abs(np.asarray(got) - want).max() / want.max() <= 1e-2
+
+
+def test_o0_keeps_a_low_model_but_runs_what_tvm_cannot_run_low_in_fp32(rng):
+    """A bf16 model at O0: argmax failed to compile and sort crashed the process in bf16. O0
+    leaves every other op as written (the IR of an fp32 model is untouched)."""
+    import ml_dtypes
+
+    import tvmamp
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((8, 64), "bfloat16"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            e = bb.emit(relax.op.exp(x))
+            s = bb.emit(relax.op.sort(e, axis=-1))
+            i = bb.emit(relax.op.argmax(e, axis=-1))
+            out = bb.emit_output(relax.Tuple([s, i]))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    out, report = run(mod, "O0", "bfloat16")
+    decided = {n.op: n.dtype for n in report.nodes}
+    assert decided == {"relax.sort": "float32", "relax.argmax": "float32"}
+    assert str(out["main"].ret_ty.fields[0].dtype) == "bfloat16"  # the model's output dtype
+    data = rng.standard_normal((8, 64)).astype(ml_dtypes.bfloat16)
+    sorted_, index = tvmamp.build(mod, "O0", "llvm")(data)
+    want = np.exp(data.astype("float32")).astype(ml_dtypes.bfloat16).astype("float64")
+    np.testing.assert_array_equal(np.asarray(index), want.argmax(-1))
+    np.testing.assert_allclose(np.asarray(sorted_, "float64"), np.sort(want, -1), rtol=1e-2)
+    fp32, _ = run(MLP, "O0")
+    tvm.ir.assert_structural_equal(fp32, MLP)
