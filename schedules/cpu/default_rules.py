@@ -15,6 +15,7 @@ from .depthwise_planes import CPUDepthwisePlanes
 from .elementwise import CPUElementwise
 from .fp16_matmul import CPUMatmulFP16, has_f16c
 from .full_reduction import CPUFullReduction
+from .gemv import TVMGemvWithEpilogue
 from .matmul import CPUMatmul
 from .pooling import CPUPooling
 from .reduction import CPURowReduction
@@ -34,8 +35,8 @@ def default_cpu_rules(target: Target) -> list[dl.ScheduleRule]:
     rules : list[tvm.s_tir.dlight.ScheduleRule]
         With avx512_bf16, the ``vdpbf16ps`` bf16 rules first; with F16C, the fp16 matmul rule
         (fp16 weights packed at compile time, fp32 FMA); then matmul, conv2d, injective,
-        pooling, column, row and full reductions, and TVM's ``dlight.cpu`` GEMV and
-        Reduction. Use them through
+        pooling, column, row and full reductions, and TVM's ``dlight.cpu`` GEMV (its
+        leftover epilogue blocks vectorised) and Reduction. Use them through
         :func:`cpu_schedule_passes`, which also splits out the bf16 rules' weight packing.
 
     Raises
@@ -50,7 +51,7 @@ def default_cpu_rules(target: Target) -> list[dl.ScheduleRule]:
         )
     rules = [CPUMatmul(), CPUDepthwisePlanes(), CPUConv2d(), CPUElementwise(), CPUPooling()]
     rules += [CPUColumnReduction(), CPURowReduction(), CPUFullReduction()]
-    rules += [dl.cpu.GEMV(), dl.cpu.Reduction()]
+    rules += [TVMGemvWithEpilogue(), dl.cpu.Reduction()]
     if has_f16c(target):
         rules = [CPUMatmulFP16(), *rules]
     if has_avx512bf16(target):

@@ -16,12 +16,14 @@ import math
 from dataclasses import dataclass
 
 from tvm import s_tir, tirx
+from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.gpu.matmul import IterKind, auto_inline_producers
 from tvm.s_tir.schedule import SBlockRV
 from tvm.target import Target
 
 from .bf16_common import mark_preproc, reads_only_params
 from .common import (
+    CPURule,
     NotApplicable,
     inline_epilogue,
     largest_divisor,
@@ -215,8 +217,70 @@ __all__ = [
     "GEMV_CONFIGS",
     "GemvConfig",
     "GemvPlan",
+    "TVMGemvWithEpilogue",
     "find_gemv_block",
     "gemv_config",
     "make_gemv_plan",
     "schedule_gemv",
 ]
+
+
+class TVMGemvWithEpilogue(CPURule):
+    """TVM's ``dlight.cpu.GEMV``, then the root blocks it leaves as they are, vectorised and in
+    parallel.
+
+    A squeeze-and-excitation gate (``x * sigmoid(conv1x1(pooled))``, EfficientNet and
+    MobileNetV3 at O0) fuses into one kernel whose GEMV TVM's rule schedules, while the
+    broadcast multiply over the whole feature map (160 x 40 x 40) stayed a serial, scalar
+    loop nest.
+    """
+
+    def __init__(self):
+        from tvm.s_tir import dlight as dl  # pylint: disable=import-outside-toplevel
+
+        self.rule = dl.cpu.GEMV()
+
+    def apply(  # pylint: disable=missing-function-docstring
+        self, func: tirx.PrimFunc, target: Target, tunable: bool
+    ) -> s_tir.Schedule | None:
+        sch = self.rule.apply(func, target, tunable)
+        if not isinstance(sch, s_tir.Schedule):
+            return sch
+        for block in sch.get_child_blocks(get_root_block(sch)):
+            if _left_alone(sch, block):
+                _schedule_epilogue(sch, block, target)
+        return sch
+
+
+def _schedule_epilogue(sch: s_tir.Schedule, block: SBlockRV, target: Target) -> None:
+    """The outermost loop in parallel, the others fused and vectorised.
+
+    The outer loop is kept apart: what the GEMV computed per channel (the gate's sigmoid)
+    stays invariant in the inner loops, where LLVM hoists it; fused with them, it was
+    recomputed for every element (0.26 against 0.19 ms for a 160 x 40 x 40 gate).
+    """
+    stmt = sch.get(block)
+    loops = sch.get_loops(block)
+    elements = math.prod(int(iv.dom.extent) for iv in stmt.iter_vars)
+    lanes = vector_lanes(target, str(stmt.writes[0].source.dtype))
+    outer, inner = loops[0], (sch.fuse(*loops[1:]) if len(loops) > 1 else None)
+    if inner is not None:
+        extent = int(sch.get(inner).extent)
+        width = largest_divisor(extent, lanes)
+        if width > 1:
+            sch.vectorize(sch.split(inner, [None, width])[-1])
+    if use_parallel(target, elements) and int(sch.get(outer).extent) > 1:
+        sch.parallel(outer)
+
+
+def _left_alone(sch: s_tir.Schedule, block: SBlockRV) -> bool:
+    """A spatial root block with static extents whose loops are all plain serial loops."""
+    stmt = sch.get(block)
+    loops = sch.get_loops(block)
+    spatial = all(iv.iter_type == tirx.IterVar.DataPar for iv in stmt.iter_vars)
+    static = all(isinstance(iv.dom.extent, tirx.IntImm) for iv in stmt.iter_vars)
+    plain = all(
+        sch.get(loop).kind == tirx.ForKind.SERIAL and not sch.get(loop).annotations
+        for loop in loops
+    )
+    return bool(loops) and spatial and static and plain and len(stmt.writes) == 1

@@ -10,7 +10,7 @@ import tvm
 from tvm import relax, te
 
 import tvmamp
-from tvmamp.pipeline import legalize_passes
+from tvmamp.pipeline import _pass_context, legalize_passes, run_front_phases
 from tvmamp.schedules.cpu import CPUMatmul, cpu_schedule_passes
 from tvmamp.schedules.cpu.gemv import GemvConfig, gemv_config, make_gemv_plan
 from tvmamp.targets.llvm import _host_flags
@@ -243,3 +243,39 @@ def test_low_precision_linear_at_small_batch(rng, dtype, m):
     ref = _reference(x, w, bias, "nk")
     err = np.abs(np.asarray(exe(x), dtype="float64") - ref).max() / np.abs(ref).max()
     assert err <= 1e-2
+
+
+def test_gemv_epilogue_over_a_feature_map_is_vectorised_and_parallel(rng):
+    """A squeeze-and-excitation gate at O0: TVM's GEMV rule scheduled the 1x1 conv on the
+    pooled vector and left ``x * sigmoid(gate)`` over the whole 160 x 40 x 40 map a serial,
+    scalar loop nest (0.17 ms; now 0.055 ms on one Zen5 core)."""
+    torch = pytest.importorskip("torch")
+
+    class SqueezeExcite(torch.nn.Module):
+        def __init__(self, c=160):
+            super().__init__()
+            self.a, self.b = torch.nn.Conv2d(c, c // 4, 1), torch.nn.Conv2d(c // 4, c, 1)
+
+        def forward(self, x):
+            pooled = x.mean((2, 3), keepdim=True)
+            return x * torch.sigmoid(self.b(torch.relu(self.a(pooled))))
+
+    torch.manual_seed(0)
+    model = SqueezeExcite().eval()
+    x = rng.standard_normal((1, 160, 40, 40)).astype("float32")
+    mod, params = tvmamp.from_torch(model, (torch.from_numpy(x),))
+    converted = tvmamp.convert(mod, "O0", "llvm -num-cores=4", params=params)
+    with _pass_context(converted), converted.target:
+        front = run_front_phases(converted)
+        scheduled = tvm.transform.Sequential(converted.entry.schedule_passes(converted.target))(
+            front
+        )
+    (gate,) = [f.script() for gv, f in scheduled.functions_items() if "multiply" in gv.name_hint]
+    lines = gate.splitlines()
+    at = next(i for i, line in enumerate(lines) if 'T.sblock("T_multiply' in line)
+    loops = "\n".join(lines[max(0, at - 4) : at])  # the loops around the multiply
+    assert "T.parallel" in loops and "T.vectorized" in loops, loops
+    out = tvmamp.build(mod, "O0", "llvm", params=params)(x)
+    with torch.no_grad():
+        ref = model(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
