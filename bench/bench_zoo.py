@@ -4,8 +4,9 @@ For each model: import with ``tvmamp.from_torch``, build every level for the hos
 against torch fp32 on ``--inputs`` random inputs (max abs error, normwise relative error, an
 elementwise check, top-1 agreement), then time tvmamp O0/O1/O2, torch fp32, torch autocast,
 torch ``model.to(low dtype)`` and onnxruntime fp32 interleaved in one process
-(``tvmamp.benchmark.paired_medians`` at one thread; at more, each timed call follows one untimed
-call, see :func:`interleaved_medians`), once per thread count, and profile the kernels of the
+(``tvmamp.benchmark.paired_medians``: each timed call follows 50 ms of untimed calls of the same
+variant, so that the pool of the runtime timed before it has gone idle), once per thread count,
+and profile the kernels of the
 last level (``tvmamp.debugging.profile``: each kernel's time, share and % of the machine's
 peak). ``--check-only`` builds and checks only: the robustness sweep. The thread count reaches
 all three runtimes: ``TVM_NUM_THREADS``, ``torch.set_num_threads`` and onnxruntime's
@@ -31,7 +32,6 @@ import os
 import platform
 import re
 import shlex
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -246,25 +246,6 @@ def build_and_check(ev, entry, level, mod, params, inputs, refs, args):
     return exe
 
 
-def interleaved_medians(fns, repeat: int, warmup: int) -> list[float]:
-    """Like ``paired_medians``, with ``warmup`` untimed calls before each timed call.
-
-    With several threads, the runtime that ran last still has its pool's threads spinning
-    (TVM's, onnxruntime's, libgomp's for torch), and they slow the next runtime's first call:
-    onnxruntime's ResNet-50 call took 3.5x its own time right after a tvmamp call, even 50 ms
-    later. One untimed call per switch absorbs that, so each figure is the runtime's own.
-    """
-    samples = [[] for _ in fns]
-    for _ in range(repeat):
-        for fn, out in zip(fns, samples):
-            for _ in range(warmup):
-                fn()
-            start = time.perf_counter()
-            fn()
-            out.append(time.perf_counter() - start)
-    return [statistics.median(s) for s in samples]
-
-
 def time_variants(ev, exes, variants, example, args) -> None:
     """Interleaved medians of every tvmamp level and torch/onnxruntime variant, one example."""
     import numpy as np
@@ -272,21 +253,17 @@ def time_variants(ev, exes, variants, example, args) -> None:
     import tvm
 
     from tvmamp import debugging
-    from tvmamp.benchmark import paired_medians
+    from tvmamp.benchmark import SETTLE_S, paired_medians
 
     dev = tvm.cpu()
     tensors = [tvm.runtime.tensor(np.ascontiguousarray(x.numpy()), dev) for x in example]
     fns = [(f"tvmamp {lv}", lambda e=e: e.vm["main"](*tensors)) for lv, e in exes.items()]
     fns += [(label, lambda fn=fn: fn(*example)) for label, fn in variants]
-    warm = args.switch_warmup if args.switch_warmup >= 0 else int(args.threads > 1)
     ev.emit("step", step=f"timing {len(fns)} variants x {args.repeat} rounds")
     with torch.inference_mode():
-        if warm:
-            times = interleaved_medians([fn for _, fn in fns], args.repeat, warm)
-        else:
-            times = paired_medians([fn for _, fn in fns], repeat=args.repeat)
+        times = paired_medians([fn for _, fn in fns], repeat=args.repeat)
     ms = {label: t * 1e3 for (label, _), t in zip(fns, times)}
-    ev.emit("times", ms=ms, switch_warmup=warm)
+    ev.emit("times", ms=ms, settle_s=SETTLE_S)
     last = list(exes)[-1]
     ev.emit("step", step=f"kernel profile {last}")
     prof = debugging.profile(exes[last], tensors)
@@ -305,7 +282,7 @@ def run_worker(name: str, threads: int, levels: list[str], args) -> list[dict]:
     cmd = [sys.executable, "-W", "ignore", str(Path(__file__)), "--worker", "--model", name]
     cmd += ["--threads", str(threads), "--levels", ",".join(levels), "--events", events]
     cmd += ["--inputs", str(args.inputs), "--repeat", str(args.repeat), "--dtype", args.dtype]
-    cmd += ["--target", args.target, "--switch-warmup", str(args.switch_warmup)]
+    cmd += ["--target", args.target]
     cmd += ["--check-only"] if args.check_only else []
     env = dict(os.environ, TVM_NUM_THREADS=str(threads), PYTHONWARNINGS="ignore")
     tail: deque[str] = deque(maxlen=40)
@@ -574,8 +551,12 @@ def report(args, results_by_t: dict, meta: dict) -> list[str]:
         lines += [f"### Accuracy against torch fp32, {t} thread(s)", ""] + CHECK_HEAD
         lines += [row for res in results for row in check_rows(res)] + [""]
         if not args.check_only:
-            warm = {r.get("times", {}).get("switch_warmup", 0) for r in results}
-            how = "interleaved" + (", one untimed call before each timed one" if any(warm) else "")
+            settle = {r.get("times", {}).get("settle_s") for r in results} - {None}
+            how = "interleaved" + (
+                f", {1e3 * max(settle):.0f} ms of untimed calls before each timed one"
+                if settle
+                else ""
+            )
             lines += [f"### Median ms per batch-1 call, {t} thread(s), same run ({how})", ""]
             lines += timing_head(args.dtype) + timing_rows(results) + [""]
             lines += kernel_lines(results)
@@ -602,12 +583,6 @@ def parse_args(argv=None):
     p.add_argument("--inputs", type=int, default=8, help="random inputs for the accuracy check")
     p.add_argument("--repeat", type=int, default=10, help="interleaved timing rounds")
     p.add_argument("--target", default="llvm")
-    p.add_argument(
-        "--switch-warmup",
-        type=int,
-        default=-1,
-        help="untimed calls of a variant before each timed one (default: 0 at 1 thread, else 1)",
-    )
     p.add_argument("--timeout", type=float, default=3600, help="seconds per worker")
     p.add_argument("--out", default=str(HERE / "results" / "zoo.md"))
     p.add_argument("--report-from", help="rewrite the markdown from a raw results JSON")
