@@ -452,12 +452,7 @@ def _rewrite(onnx, model, folder, in_place=False):
             fed.update(i for i in node.input if i)
             continue
         kept.append(node)
-        live.update(node.input)
-        for a in node.attribute:
-            if a.HasField("g"):
-                live.update(used_names(a.g))
-            for sub in a.graphs:
-                live.update(used_names(sub))
+        live.update(node_reads(node))
     kept.reverse()
     del graph.node[:]
     graph.node.extend(kept)
@@ -479,18 +474,19 @@ def _rewrite(onnx, model, folder, in_place=False):
 
 def used_names(graph):
     """Every name ``graph`` and its subgraphs read (node inputs and graph outputs)."""
-    used = set()
-    stack = [graph]
-    while stack:
-        g = stack.pop()
-        used.update(o.name for o in g.output)
-        for node in g.node:
-            used.update(node.input)
-            for a in node.attribute:
-                if a.HasField("g"):
-                    stack.append(a.g)
-                stack.extend(a.graphs)
+    used = {o.name for o in graph.output}
+    for node in graph.node:
+        used.update(node_reads(node))
     return used
+
+
+def node_reads(node) -> set:
+    """Every name ``node`` reads: its inputs and what its subgraphs (If, Loop, Scan) read."""
+    reads = set(node.input)
+    for a in node.attribute:
+        for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+            reads.update(used_names(sub))
+    return reads
 
 
 # ----------------------------------------------------------------- before TVM's import

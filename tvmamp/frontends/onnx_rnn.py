@@ -30,7 +30,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from .common import UnsupportedOperatorError
-from .onnx_fold import inferred_shapes, used_names
+from .onnx_fold import inferred_shapes, node_reads, used_names
 
 _COMPONENT = "tvmamp.from_onnx"
 
@@ -162,12 +162,7 @@ def _without_dead_producers(graph, nodes, candidates):
     while True:
         used = set(outputs)
         for node in nodes:
-            used.update(node.input)
-            for a in node.attribute:
-                if a.HasField("g"):
-                    used.update(used_names(a.g))
-                for g in a.graphs:
-                    used.update(used_names(g))
+            used.update(node_reads(node))
         dead = [
             n
             for n in nodes
