@@ -51,6 +51,7 @@ from tvm.relax import PyExprMutator
 from tvmamp.policy import Category, Policy
 from tvmamp.tensors import FLOAT_DTYPES, np_dtype, static_shape, tensor_dtype
 
+from . import low_reductions
 from .amp_report import AmpReport, ForcedNode, NodeDecision
 
 _CAST_OPS = ("relax.astype", "relax.wrap_param")
@@ -794,7 +795,7 @@ def _dtypes_differ(have, want) -> bool:
 # growing at 256 times the step it adds (O3 ``x.sum(-1)`` of 4096 values near 0.8 gave 1024,
 # not 3284); frameworks' low reductions also keep an fp32 accumulator.
 _SUMMING_REDUCTIONS = frozenset(
-    "relax." + name for name in ("sum", "mean", "variance", "std", "prod", "cumsum", "cumprod")
+    "relax." + name for name in (*low_reductions.REDUCTIONS, "cumsum", "cumprod")
 )
 
 # Ops with an ``out_dtype`` that is not an accumulator: TVM's legalization of resize ignores
