@@ -18,7 +18,7 @@ from tvm.s_tir.schedule import ScheduleError
 from tvm.target import Target
 
 from .common import CPURule, num_cores, static_extent, use_parallel, vector_lanes
-from .parallel import divisors
+from .parallel import row_chunks
 
 # The fewest elements of a row one parallel task of a long-row reduction handles: below this
 # the extra combine step and the task start cost more than the cores save.
@@ -123,7 +123,7 @@ def _long_row_chunks(
     When the rows are fewer than the target's cores (a group norm of 4-8 groups), each row is
     cut into chunks of at least :data:`MIN_CHUNK` elements, a whole number of vectors each:
     the fewest chunks whose busiest core does at most a tenth more vectors than the least
-    possible (as :func:`.common.row_chunks`). Every reduction and the last block must cover
+    possible (:func:`.parallel.row_chunks`). Every reduction and the last block must cover
     the same row length; injective blocks between them must be shorter than a vector (a
     group norm's per-channel ``gamma``). 1 (one task a row) otherwise.
     """
@@ -143,16 +143,7 @@ def _long_row_chunks(
             own != length or _row_count(sch, info.block_rv, rows) != count
         ):
             return 1
-    vectors = length // lanes
-    choices = [d for d in divisors(vectors) if vectors // d * lanes >= MIN_CHUNK]
-    if len(choices) <= 1:
-        return 1
-
-    def busiest(chunks: int) -> int:
-        return -(-count * chunks // cores) * (vectors // chunks)
-
-    least = min(busiest(c) for c in choices)
-    return min(c for c in choices if busiest(c) <= least * 1.1)
+    return row_chunks(cores, count, length // lanes, min_tiles=-(-MIN_CHUNK // lanes))
 
 
 def _schedule_long_rows(
