@@ -160,7 +160,10 @@ class AutoMixedPrecision:
                 rewriter.builder_.update_func(gv, new_func)
         # bindings the rewrite left unused (an fp32 value whose only consumers now take a
         # converted copy) are dropped, so later phases see only what runs
-        return relax.transform.DeadCodeElimination()(rewriter.builder_.get())
+        # CanonicalizeBindings turns a dataflow block's results that only the result casts read
+        # into dataflow vars
+        mod = relax.transform.DeadCodeElimination()(rewriter.builder_.get())
+        return relax.transform.CanonicalizeBindings()(mod)
 
 
 @relax.expr_functor.mutator
@@ -659,7 +662,13 @@ class _Rewriter(PyExprMutator):
         body = self._restore_value(seq.body, ty, bindings)
         if not bindings:
             return seq
-        blocks = list(seq.blocks) + [relax.BindingBlock(bindings)]
+        blocks = list(seq.blocks)
+        if blocks and isinstance(blocks[-1], relax.DataflowBlock):
+            # in the dataflow block the casts fuse with the kernels before them, and what they
+            # read stops being a result (a reshape before them becomes a view; see transform_module)
+            blocks[-1] = relax.DataflowBlock(list(blocks[-1].bindings) + bindings)
+        else:
+            blocks.append(relax.BindingBlock(bindings))
         return self.builder_.normalize(relax.SeqExpr(blocks, body))
 
     def _restore_value(self, expr, ty, bindings):

@@ -66,8 +66,8 @@ def test_arange_positions_stay_fp32_and_only_their_consumer_casts(level):
                 x16 = R.astype(x, "bfloat16")
                 c16 = R.astype(c, "bfloat16")  # folded by FoldConstant
                 y = R.multiply(x16, c16)
-                R.output(y)
-            out = R.astype(y, "float32")
+                out = R.astype(y, "float32")
+                R.output(out)
             return out
 
     out, report = run(ArangeRope, level)
@@ -110,8 +110,8 @@ def test_arange_of_a_symbolic_length_is_input_free_but_its_cast_runs():
                 x16 = R.astype(x, "bfloat16")
                 c16 = R.astype(c, "bfloat16")
                 y = R.multiply(x16, c16)
-                R.output(y)
-            out = R.astype(y, "float32")
+                out = R.astype(y, "float32")
+                R.output(out)
             return out
 
     out, report = run(Before, "O2")
@@ -178,8 +178,8 @@ def test_integer_positions_stay_fp32_through_an_outer_product_matmul_at_o2():
                 x16 = R.astype(x, "bfloat16")
                 c16 = R.astype(c, "bfloat16")
                 y = R.multiply(x16, c16)
-                R.output(y)
-            out = R.astype(y, "float32")
+                out = R.astype(y, "float32")
+                R.output(out)
             return out
 
     out, report = run(MaskRope, "O2")

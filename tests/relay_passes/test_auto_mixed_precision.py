@@ -84,8 +84,8 @@ def test_o3_everything_low_and_output_restored():
                 y16 = R.astype(y, "bfloat16")
                 z = R.nn.relu(y16)
                 s = R.nn.softmax(z, axis=-1)
-                R.output(s)
-            out = R.astype(s, "float32")
+                out = R.astype(s, "float32")
+                R.output(out)
             return out
 
     out, _ = run(MLP, "O3", "bfloat16")
@@ -229,8 +229,8 @@ def test_custom_lists_with_aliases():
                 z = R.nn.relu(y)
                 z16 = R.astype(z, "float16")
                 s = R.nn.softmax(z16, axis=-1)  # "Softmax" (MindSpore) on the white list
-                R.output(s)
-            out = R.astype(s, "float32")
+                out = R.astype(s, "float32")
+                R.output(out)
             return out
 
     out, _ = run(MLP, "O1", custom_white_list=["Softmax"], custom_black_list=["linear"])
