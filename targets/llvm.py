@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import functools
 import os
+import platform
 import warnings
 
 import tvm
@@ -95,12 +96,20 @@ def set_default_threads() -> int:
 
 
 def make_target(options: dict) -> tvm.target.Target:
-    """Build an llvm target dict from ``-key=value`` options, resolving the host CPU."""
+    """Build an llvm target from ``-key=value`` options (or a target dict's entries).
+
+    Without ``mcpu`` (or with ``native``) the CPU is this machine's (:func:`host_cpu`), unless
+    ``mtriple`` names another architecture (a cross build, for that triple's generic CPU).
+    ``num-cores`` defaults to the runtime's thread count.
+    """
     spec = {"kind": "llvm", "num-cores": _num_cores()}
     for key, value in options.items():
         spec[key] = int(value) if key == "num-cores" else value
     if spec.get("mcpu", "native") == "native":
-        spec["mcpu"] = host_cpu()
+        if _is_host_arch(spec.get("mtriple")):
+            spec["mcpu"] = host_cpu()
+        else:
+            spec.pop("mcpu", None)
     if "mattr" in spec and isinstance(spec["mattr"], str):
         spec["mattr"] = spec["mattr"].split(",")
     try:
@@ -109,6 +118,14 @@ def make_target(options: dict) -> tvm.target.Target:
         raise ValueError(f"tvmamp: TVM rejected llvm target options {options!r}: {err}") from None
     _check_cpu(target)
     return target
+
+
+def _is_host_arch(triple: str | None) -> bool:
+    """Whether an ``mtriple`` (None: not given) is for this machine's architecture."""
+    if not triple:
+        return True
+    host = platform.machine().lower().replace("amd64", "x86_64")
+    return str(triple).split("-", 1)[0].replace("amd64", "x86_64") == host
 
 
 def _check_cpu(target: tvm.target.Target) -> None:

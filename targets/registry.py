@@ -227,8 +227,13 @@ def _from_dict(spec: dict) -> tuple[tvm.target.Target, TargetEntry]:
     if kind is None:
         raise ValueError(f"tvmamp: target dict {spec!r} has no 'kind'")
     entry = _entry_for_kind(kind)
+    # the entry fills in what a dict leaves out as for a string (an llvm dict without mcpu is
+    # this machine's CPU, as "llvm" is, not LLVM's generic one with no vector unit)
+    options = {key: value for key, value in spec.items() if key != "kind"}
     try:
-        return tvm.target.Target(spec), entry
+        return entry.make_target(options), entry
+    except ValueError:
+        raise
     except Exception as err:  # TVM reports bad keys with its own error types
         raise ValueError(f"tvmamp: TVM rejected target {spec!r}: {err}") from None
 
