@@ -721,14 +721,20 @@ def _low_unsupported_calls(mod: tvm.IRModule, policy: Policy) -> bool:
 
 
 _TUPLE_FIELD = object()  # a use as a field of a tuple binding (in _feeds_fp32_only)
+# Ops that read floats and give booleans: they compute nothing a low input would speed up, so
+# for _feeds_fp32_only they are fp32 uses (sdpa's "all scores -inf" check beside its softmax).
+_COMPARISONS = frozenset(
+    f"relax.{name}"
+    for name in "equal not_equal less less_equal greater greater_equal isnan isinf isfinite".split()
+)
 
 
 def _feeds_fp32_only(func: relax.Function, policy: Policy, results: bool = False) -> set:
     """Vars of ``func`` whose every use computes in fp32 whatever the dtype of the var.
 
     A use counts when it is a direct argument of an op that computes in fp32 even from low
-    inputs (the black list, ops the target cannot run low), of ``astype(..., "float32")``, or of
-    a follow op whose own result is in the set. Function results do not count: the cast back
+    inputs (the black list, ops the target cannot run low), of a comparison, of
+    ``astype(..., "float32")``, or of a follow op whose own result is in the set. Function results do not count: the cast back
     to the caller's dtype is I/O, not a computation (and a GEMM that wrote fp32 logits instead
     of bf16 ones would be slower), unless ``results``: then a use as the function's result
     counts too (see :meth:`_undone_at_once` for when it decides). Any other use (tuples, other
@@ -778,7 +784,7 @@ def _feeds_fp32_only(func: relax.Function, policy: Policy, results: bool = False
         name = value.op.name
         if name in _CAST_OPS:
             return name == "relax.astype" and str(value.attrs.dtype) == "float32"
-        if policy.compute_dtype(name, [low]) == "float32":
+        if policy.compute_dtype(name, [low]) == "float32" or name in _COMPARISONS:
             return True
         return policy.category(name) is Category.FOLLOW and consumer in found
 

@@ -508,6 +508,26 @@ def test_o2_fp32_accumulators_count_and_function_results_do_not():
     assert adds[0].args[0].name == "y"  # the accumulator itself, not a cast of it
 
 
+def test_o2_a_comparison_counts_as_an_fp32_use():
+    """sdpa's scores: ``s = (q @ k^T) * scale`` feeds the softmax (fp32) and the "all -inf"
+    check ``s == -inf``. Before, the check made ``s`` low: the scores were rounded to bf16
+    before the softmax, and the scale ran as a cast-multiply-cast of its own."""
+    bb = relax.BlockBuilder()
+    q = relax.Var("q", relax.TensorType((4, 8), "float32"))
+    k = relax.Var("k", relax.TensorType((8, 8), "float32"))
+    with bb.function("main", [q, k]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.matmul(q, k), name_hint="y")
+            s = bb.emit(relax.op.multiply(y, relax.const(0.125, "float32")), name_hint="s")
+            p = bb.emit(relax.op.nn.softmax(s, axis=-1), name_hint="p")
+            c = bb.emit(relax.op.equal(s, relax.const(float("-inf"), "float32")), name_hint="c")
+            out = bb.emit_output(relax.Tuple([p, c]))
+        bb.emit_func_output(out)
+    _, report = run(bb.get(), "O2", "bfloat16")
+    decided = {n.node: (n.dtype, n.reason) for n in report.nodes}
+    assert decided["main/s"] == ("float32", "feeds_fp32")
+
+
 @pytest.mark.parametrize("level", ["O2", "O3"])
 def test_resize_keeps_its_out_dtype_and_the_output_is_fp32(level):
     """resize2d's out_dtype is not an accumulator (TVM's legalization ignores it): a float32
