@@ -83,6 +83,10 @@ def test_torch_linear_on_3d_input_keeps_one_copy_of_its_weight():
     assert_close(exe(x.numpy()), ref, **tolerance("float32"))
 
 
+def _op(value):
+    return value.op.name if isinstance(value, tvm.relax.Call) else None
+
+
 def _calls(func):
     found = []
     tvm.relax.analysis.post_order_visit(
@@ -192,6 +196,7 @@ def test_torch_attention_block_after_the_rewrite(level, rng):
     """Scores, scale, additive mask, softmax, values and a residual Linear, as torch exports
     them; against torch fp32, and no reshape left between a matmul and its epilogue."""
     torch = pytest.importorskip("torch")
+    F = torch.nn.functional
 
     class Block(torch.nn.Module):
         def __init__(self):
@@ -204,6 +209,8 @@ def test_torch_attention_block_after_the_rewrite(level, rng):
             q, k, v = self.qkv(x).reshape(b, t, 3, 4, 8).permute(2, 0, 3, 1, 4)
             att = (q @ k.transpose(-2, -1)) * 8**-0.5 + mask
             y = (att.softmax(-1) @ v).transpose(1, 2).reshape(b, t, 32)
+            # the same through sdpa, which scales q and k by sqrt(scale) before their matmul
+            y = y + F.scaled_dot_product_attention(q, k, v, mask).transpose(1, 2).reshape(b, t, 32)
             return x + self.proj(y)
 
     torch.manual_seed(0)
@@ -217,8 +224,48 @@ def test_torch_attention_block_after_the_rewrite(level, rng):
     reshaped = [c for c in _calls(func) if c.op.name == "relax.reshape"]
     values = {b.var: b.value for block in func.body.blocks for b in block.bindings}
     assert not [c for c in reshaped if values.get(c.args[0]) in matmuls]
+    scaled = [a for c in matmuls for a in c.args if _op(values.get(a)) == "relax.multiply"]
+    assert not scaled  # sdpa's sqrt(scale) on q and k moved to the scores
     exe = tvmamp.build(mod, level=level, target="llvm -num-cores=1", params=params)
     with torch.inference_mode():
         ref = block(x, mask).numpy()
     tol = tolerance("float32") if level == "O0" else tolerance("bfloat16")
     assert_close(exe(x.numpy(), mask.numpy()), ref, **tol)
+
+
+@tvm.script.ir_module
+class Scaled:
+    """torch's sdpa scales both operands by sqrt(scale); the scale of a matmul operand that only
+    the matmul reads moves to its result, where it fuses into the epilogue (and the operands'
+    transposing copies become pure copies, the fast ones)."""
+
+    @R.function
+    def main(q: R.Tensor((2, 4, 8), "float32"), kt: R.Tensor((2, 8, 4), "float32")):
+        with R.dataflow():
+            qs = R.multiply(q, R.const(0.5, "float32"))
+            ks = R.multiply(R.const(0.25, "float32"), kt)
+            s = R.matmul(qs, ks, out_dtype="float32")
+            kept = R.multiply(q, R.const(0.5, "float32"))  # read twice: stays
+            t = R.matmul(kept, kt, out_dtype="float32")
+            u = R.add(kept, R.const(1.0, "float32"))
+            R.output(s, t, u)
+        return (s, t, u)
+
+
+@tvm.script.ir_module
+class ScaleAfter:
+    @R.function
+    def main(q: R.Tensor((2, 4, 8), "float32"), kt: R.Tensor((2, 8, 4), "float32")):
+        with R.dataflow():
+            s1 = R.matmul(q, kt, out_dtype="float32")
+            s = R.multiply(s1, R.const(0.125, "float32"))
+            kept = R.multiply(q, R.const(0.5, "float32"))
+            t = R.matmul(kept, kt, out_dtype="float32")
+            u = R.add(kept, R.const(1.0, "float32"))
+            R.output(s, t, u)
+        return (s, t, u)
+
+
+def test_scalar_scales_of_matmul_operands_move_to_the_result():
+    after = SimplifyMatmulBroadcast()(Scaled)
+    tvm.ir.assert_structural_equal(after, ScaleAfter)
