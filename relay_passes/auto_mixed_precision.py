@@ -734,11 +734,12 @@ def _feeds_fp32_only(func: relax.Function, policy: Policy, results: bool = False
 
     A use counts when it is a direct argument of an op that computes in fp32 even from low
     inputs (the black list, ops the target cannot run low), of a comparison, of
-    ``astype(..., "float32")``, or of a follow op whose own result is in the set. Function results do not count: the cast back
-    to the caller's dtype is I/O, not a computation (and a GEMM that wrote fp32 logits instead
-    of bf16 ones would be slower), unless ``results``: then a use as the function's result
-    counts too (see :meth:`_undone_at_once` for when it decides). Any other use (tuples, other
-    functions, nested blocks) keeps the var out of the set.
+    ``astype(..., "float32")``, or of a follow op whose own result is in the set. Function
+    results do not count: the cast back to the caller's dtype is I/O, not a computation (and a
+    GEMM that wrote fp32 logits instead of bf16 ones would be slower), unless ``results``: then
+    a use as the function's result counts too (see :meth:`_undone_at_once` for when it
+    decides). Any other use (tuples, other functions, nested blocks) keeps the var out of the
+    set.
     """
     if policy.level != "O2" or not policy.fp32_feeds or not isinstance(func.body, relax.SeqExpr):
         return set()
