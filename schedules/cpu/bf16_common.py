@@ -124,7 +124,7 @@ def pack_pairs_f32_llvm_ir(native: bool) -> str:
     ]
     return "\n".join(
         [
-            f"define linkonce_odr void @{_pack_pairs_name(True, native)}("
+            f"define linkonce_odr void @{pack_pairs_name(True, native)}("
             "ptr %d, i64 %ldd, ptr %s, i64 %lds) #0 {",
             "  %s1 = getelementptr i8, ptr %s, i64 %lds",
             "  %d1 = getelementptr i8, ptr %d, i64 %ldd",
@@ -146,7 +146,8 @@ def pack_pairs_f32_llvm_ir(native: bool) -> str:
     )
 
 
-def _pack_pairs_name(from_f32: bool, native: bool) -> str:
+def pack_pairs_name(from_f32: bool, native: bool) -> str:
+    """The LLVM function of the pair-interleaving helper (from bf16, or from fp32 rounded)."""
     return (
         "tvmamp_pack_pairs_2x32"
         + ("_from_f32" if from_f32 else "")
@@ -210,7 +211,7 @@ def pack_pairs_intrin(src: str = "bfloat16", native: bool = True) -> tuple[str, 
     or fp32 rounded on the way, with ``vcvtneps2bf16`` when ``native``); return its name and
     the LLVM IR to import."""
     from_f32 = src == "float32"
-    function = _pack_pairs_name(from_f32, native)
+    function = pack_pairs_name(from_f32, native)
     name = PACK_PAIRS_INTRIN + function.removeprefix("tvmamp_pack_pairs_2x32")
     if TensorIntrin.get(name, allow_missing=True) is None:
         TensorIntrin.register(name, *_pack_intrin(src, function, transposed=False))

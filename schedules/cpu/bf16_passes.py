@@ -15,6 +15,7 @@ from .bf16_common import (
     pack_pairs_t_intrin,
     root_blocks,
 )
+from .ragged_pack import ragged_pack
 
 
 @tvm.transform.module_pass(opt_level=0, name="tvmamp.SplitPreproc")
@@ -67,8 +68,9 @@ def _has_preproc(func: tirx.PrimFunc) -> bool:
 def tensorize_packs(mod: tvm.IRModule) -> tvm.IRModule:
     """Tensorize the :data:`PACK_PAIRS` blocks of every function (vectorise where it fails).
 
-    The intrinsic does not match a padded weight (its reads are guarded) or a ``[J, K]``
-    weight; those blocks get the vectorised gather instead.
+    The intrinsic does not match a padded weight (its reads are guarded): a ``[K, J]`` weight
+    alone in its function is then packed by :func:`.ragged_pack.ragged_pack` (the intrinsic on
+    the whole tiles), any other block gets the vectorised gather.
     """
     updates = {}
     folded = _folded_functions(mod)
@@ -81,8 +83,17 @@ def tensorize_packs(mod: tvm.IRModule) -> tvm.IRModule:
                 for mark in (PACK_PAIRS, PACK_PAIRS_T)
                 if mark in sch.get(b).annotations
             ]
+            native = gvar not in folded
             for block, mark in marked:
-                _tensorize_pack(sch, block, mark, native=gvar not in folded)
+                if _tensorize_pack(sch, block, mark, native):
+                    continue
+                # a padded weight: its guard keeps the intrinsic off every tile
+                alone = mark == PACK_PAIRS and len(marked) == 1
+                ragged = ragged_pack(func, block, sch, native) if alone else None
+                if ragged is not None:
+                    sch = s_tir.Schedule(ragged.with_attrs(func.attrs))
+                    break
+                _vectorize_pack(sch, block, mark)
             if marked:
                 updates[gvar] = sch.mod["main"]
     return _with_functions(mod, updates)
@@ -111,8 +122,8 @@ def _folded_functions(mod: tvm.IRModule) -> set:
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 
 
-def _tensorize_pack(sch: s_tir.Schedule, block, mark: str, native: bool = True) -> None:
-    """Tensorize one marked packing block at its two innermost loops, else vectorise them.
+def _tensorize_pack(sch: s_tir.Schedule, block, mark: str, native: bool = True) -> bool:
+    """Tensorize one marked packing block at its two innermost loops; return whether it took.
 
     :data:`PACK_PAIRS` blocks have ``(32, 2)`` inner loops, :data:`PACK_PAIRS_T` blocks
     ``(16, 32)``; each has a variant that reads a bf16 ``B`` and one that reads fp32 and rounds
@@ -120,7 +131,6 @@ def _tensorize_pack(sch: s_tir.Schedule, block, mark: str, native: bool = True) 
     ``native``, else with integer arithmetic, for a function that ``FoldConstant`` evaluates
     (it builds for a plain "llvm" target, which has no such instruction).
     """
-    sch.unannotate(block, mark)
     loops = sch.get_loops(block)
     make = pack_pairs_intrin if mark == PACK_PAIRS else pack_pairs_t_intrin
     for src in ("bfloat16", "float32"):
@@ -130,9 +140,17 @@ def _tensorize_pack(sch: s_tir.Schedule, block, mark: str, native: bool = True) 
             trial.tensorize(trial.blockize(trial.get_loops(block)[-2]), intrin)
         except s_tir.schedule.ScheduleError:
             continue
+        sch.unannotate(block, mark)
         sch.tensorize(sch.blockize(loops[-2]), intrin)
         sch.annotate(loops[0], "pragma_import_llvm", llvm_ir)
-        return
+        return True
+    return False
+
+
+def _vectorize_pack(sch: s_tir.Schedule, block, mark: str) -> None:
+    """Vectorise the two innermost loops of a packing block the intrinsic did not take."""
+    sch.unannotate(block, mark)
+    loops = sch.get_loops(block)
     if mark == PACK_PAIRS:
         sch.vectorize(sch.fuse(*loops[-2:]))
     else:
