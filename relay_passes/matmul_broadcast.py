@@ -52,7 +52,7 @@ class SimplifyMatmulBroadcast:
         rewriter = _Rewriter(mod)
         for gvar, func in mod.functions_items():
             if isinstance(func, relax.Function):
-                rewriter.values, rewriter.uses = _bindings(func)
+                rewriter.values, rewriter.uses = bindings_and_uses(func)
                 rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
         return relax.transform.DeadCodeElimination()(rewriter.builder_.get())
 
@@ -79,7 +79,7 @@ _EPILOGUE_OPS = frozenset(
 )
 
 
-def _bindings(func: relax.Function) -> tuple[dict, dict]:
+def bindings_and_uses(func: relax.Function) -> tuple[dict, dict]:
     """``(values, uses)``: var -> bound value, and var -> how many bindings (and the function's
     result) read it."""
     values = {b.var: b.value for block in func.body.blocks for b in block.bindings}

@@ -12,6 +12,7 @@ from tvmamp.policy import Policy, check_dtype, check_level
 from tvmamp.relay_passes import AutoMixedPrecision
 from tvmamp.relay_passes.fold_batch_norm import FoldBatchNorm
 from tvmamp.relay_passes.matmul_broadcast import SimplifyMatmulBroadcast
+from tvmamp.relay_passes.rms_norm import FuseRMSNorm
 from tvmamp.targets import resolve_target
 from tvmamp.tensors import check_array
 
@@ -148,6 +149,7 @@ def convert(
     )
     mod, constant_names = bind_params(mod, params)
     mod = SimplifyMatmulBroadcast()(mod)  # before FoldConstant can copy a weight per batch
+    mod = FuseRMSNorm()(mod)  # written-out RMSNorms run as one fp32 (black list) op
     mod = FoldBatchNorm(constant_names)(mod)  # inference batch norms into their convs' weights
     amp = AutoMixedPrecision(policy, keep_io_types=keep_io_types, constant_names=constant_names)
     converted = amp(mod)

@@ -1,0 +1,165 @@
+"""Recognise an RMSNorm written out in elementwise ops, as Llama, Mistral, Qwen2 and T5 write it.
+
+``x * rsqrt(mean(x ** 2, axis=-1, keepdims=True) + eps)``, optionally times a per-channel
+``weight``, becomes ``relax.nn.rms_norm(x, weight, axes=[-1], epsilon=eps)``. An RMSNorm is on
+the black list (it runs in fp32, as torch autocast runs the ops of the written-out form), but
+the written-out form is follow ops: at O2 its scaling and weight multiplies ran in bf16, each
+rounding the normalised activations once more before the next matmul rounded them again, and
+Llama-family models had 1.6-2.3x torch autocast's error. It is also one kernel instead of
+several. Every value in between must have no other reader, ``x`` must be fp32, and ``eps`` a
+scalar constant. Dead bindings are removed; the result keeps its binding's name.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.ir.expr import Constant
+from tvm.relax import PyExprMutator
+
+from tvmamp.tensors import static_shape, tensor_dtype
+
+from .matmul_broadcast import bindings_and_uses
+
+_OPS = {name: tvm.ir.Op.get(f"relax.{name}") for name in "multiply power mean add rsqrt".split()}
+
+
+@tvm.transform.module_pass(opt_level=0, name="tvmamp.FuseRMSNorm")
+class FuseRMSNorm:
+    """Replace written-out RMSNorms by ``relax.nn.rms_norm``."""
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        """Rewrite every Relax function of ``mod``."""
+        rewriter = _Rewriter(mod)
+        for gvar, func in mod.functions_items():
+            if isinstance(func, relax.Function) and isinstance(func.body, relax.SeqExpr):
+                rewriter.values, rewriter.uses = bindings_and_uses(func)
+                rewriter.readers = _readers(func)
+                rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
+        return relax.transform.DeadCodeElimination()(rewriter.builder_.get())
+
+
+def _readers(func: relax.Function) -> dict:
+    """Var -> the value of the last binding that reads it."""
+    readers = {}
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            for var in relax.analysis.free_vars(binding.value):
+                readers[var] = binding.value
+    return readers
+
+
+def _call(value, name: str) -> relax.Call | None:
+    return value if isinstance(value, relax.Call) and value.op == _OPS[name] else None
+
+
+def _scalar(expr) -> float | None:
+    """The value of a one-element float constant, or None."""
+    if not isinstance(expr, Constant):
+        return None
+    data = expr.value.numpy()
+    return float(data.reshape(())) if data.size == 1 and data.dtype.kind == "f" else None
+
+
+@relax.expr_functor.mutator
+class _Rewriter(PyExprMutator):
+    def __init__(self, mod: tvm.IRModule):
+        super().__init__(mod)
+        self.values: dict = {}
+        self.uses: dict = {}
+        self.readers: dict = {}
+
+    def visit_var_binding_(self, binding: relax.VarBinding) -> None:
+        norm = self._weighted(binding.value) or self._deferred_core(binding)
+        if norm is None:
+            super().visit_var_binding_(binding)
+            return
+        x, weight, eps = norm
+        shape = static_shape(x.ty)
+        if weight is None:
+            weight = relax.const(np.ones(shape[-1], dtype="float32"))
+        value = relax.op.nn.rms_norm(
+            self.visit_expr(x), self.visit_expr(weight), axes=[-1], epsilon=eps
+        )
+        if isinstance(binding.var, relax.DataflowVar):
+            self.set_var_remap(binding.var, self.builder_.emit(value, binding.var.name))
+        else:
+            value = self.builder_.normalize(value)
+            self.builder_.emit_normalized(relax.VarBinding(binding.var, value))
+
+    def _weighted(self, value):
+        """``(x, weight, eps)`` for ``core(x) * weight`` (either order), ``weight`` one value
+        per channel of ``x``'s last axis."""
+        multiply = _call(value, "multiply")
+        if multiply is None:
+            return None
+        for core, weight in (multiply.args, reversed(multiply.args)):
+            found = self._core(core)
+            if found is None or self.uses.get(core, 0) != 1:
+                continue
+            x, eps = found
+            w_shape = static_shape(getattr(weight, "ty", None))
+            channels = static_shape(x.ty)[-1]
+            if w_shape == (channels,) and tensor_dtype(weight) == "float32":
+                return x, weight, eps
+        return None
+
+    def _deferred_core(self, binding: relax.VarBinding):
+        """``(x, None, eps)`` for a core whose only reader is not a weight multiply (that
+        reader takes the whole norm, :meth:`_weighted`)."""
+        found = self._core(binding.var)
+        if found is None:
+            return None
+        reader = self.readers.get(binding.var)
+        if self.uses.get(binding.var, 0) == 1 and self._weighted(reader) is not None:
+            return None
+        return found[0], None, found[1]
+
+    def _core(self, var) -> tuple[relax.Expr, float] | None:
+        """``(x, eps)`` when ``var`` is bound to ``x * rsqrt(mean(x ** 2, -1) + eps)``."""
+        multiply = _call(self.values.get(var), "multiply")
+        if multiply is None:
+            return None
+        for x, r in (multiply.args, reversed(multiply.args)):
+            eps = self._inverse_rms(r, x)
+            shape = static_shape(getattr(x, "ty", None))
+            if eps is not None and shape and tensor_dtype(x) == "float32":
+                return x, eps
+        return None
+
+    def _inverse_rms(self, r, x) -> float | None:
+        """``eps`` when ``r`` is ``rsqrt(mean(x ** 2, axis=-1, keepdims=True) + eps)``."""
+        chain = []
+        for name in ("rsqrt", "add", "mean"):
+            if not isinstance(r, relax.Var) or self.uses.get(r, 0) != 1:
+                return None
+            call = _call(self.values.get(r), name)
+            if call is None:
+                return None
+            chain.append(call)
+            r = call.args[0]
+            if name == "add":
+                eps = _scalar(call.args[1])
+                if eps is None:
+                    eps, r = _scalar(call.args[0]), call.args[1]
+                if eps is None:
+                    return None
+        mean = chain[-1]
+        ndim = len(static_shape(x.ty) or ())
+        axes = [int(a) % ndim for a in mean.attrs.axis] if mean.attrs.axis is not None else []
+        if axes != [ndim - 1] or not mean.attrs.keepdims:
+            return None
+        if not isinstance(r, relax.Var) or self.uses.get(r, 0) != 1:
+            return None
+        square = self.values.get(r)
+        power = _call(square, "power")
+        if power is not None and power.args[0].same_as(x) and _scalar(power.args[1]) == 2.0:
+            return eps
+        times = _call(square, "multiply")
+        if times is not None and all(a.same_as(x) for a in times.args):
+            return eps
+        return None
+
+
+__all__ = ["FuseRMSNorm"]
