@@ -77,7 +77,8 @@ def main() -> None:
     print(f"\nSlowest kernels of {last}:\n")
     print("| kernel | ms | share | % of peak |\n|---|---|---|---|")
     for r in prof.records[:8]:
-        print(f"| `{r.name}` | {r.ms:.3f} | {100 * r.share:.0f} % | {100 * r.efficiency:.0f} |")
+        peak = "-" if r.efficiency is None else f"{100 * r.efficiency:.0f}"  # None: no cost model
+        print(f"| `{r.name}` | {r.ms:.3f} | {100 * r.share:.0f} % | {peak} |")
 
 
 def _low_copy(layer):
