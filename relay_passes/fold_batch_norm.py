@@ -18,6 +18,8 @@ from tvm import relax
 from tvm.ir.expr import Constant
 from tvm.relax import PyExprMutator
 
+from .bindings import use_counts
+
 _CONV = tvm.ir.Op.get("relax.nn.conv2d")
 _BATCH_NORM = tvm.ir.Op.get("relax.nn.batch_norm")
 _ADD = tvm.ir.Op.get("relax.add")
@@ -44,22 +46,11 @@ class FoldBatchNorm:
         funcs = [(g, f) for g, f in mod.functions_items() if isinstance(f, relax.Function)]
         uses: dict = {}
         for _, func in funcs:
-            uses.update(_use_counts(func))
+            uses.update(use_counts(func))
         rewriter = _Rewriter(mod, uses, self.constant_names)
         for gvar, func in funcs:
             rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
         return relax.transform.DeadCodeElimination()(rewriter.builder_.get())
-
-
-def _use_counts(func: relax.Function) -> dict:
-    counts: dict = {}
-
-    def visit(expr):
-        if isinstance(expr, relax.Var):
-            counts[expr] = counts.get(expr, 0) + 1
-
-    relax.analysis.post_order_visit(func.body, visit)
-    return counts
 
 
 def _channel_vector(value: np.ndarray | None, channels: int) -> np.ndarray | None:

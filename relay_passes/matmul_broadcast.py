@@ -31,10 +31,11 @@ from __future__ import annotations
 import numpy as np
 import tvm
 from tvm import relax
-from tvm.ir.expr import Constant
 from tvm.relax import PyExprMutator
 
 from tvmamp.tensors import static_shape
+
+from .bindings import bound_values, call_of, rebind, scalar_constant, use_counts
 
 _BROADCAST = tvm.ir.Op.get("relax.broadcast_to")
 _MATMUL = tvm.ir.Op.get("relax.matmul")
@@ -52,7 +53,7 @@ class SimplifyMatmulBroadcast:
         rewriter = _Rewriter(mod)
         for gvar, func in mod.functions_items():
             if isinstance(func, relax.Function):
-                rewriter.values, rewriter.uses = bindings_and_uses(func)
+                rewriter.values, rewriter.uses = bound_values(func), use_counts(func)
                 rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
         return relax.transform.DeadCodeElimination()(rewriter.builder_.get())
 
@@ -77,26 +78,6 @@ _EPILOGUE_OPS = frozenset(
         "sigmoid sqrt rsqrt nn.relu nn.gelu nn.gelu_tanh nn.silu"
     ).split()
 )
-
-
-def bindings_and_uses(func: relax.Function) -> tuple[dict, dict]:
-    """``(values, uses)``: var -> bound value, and var -> how many bindings (and the function's
-    result) read it."""
-    values = {b.var: b.value for block in func.body.blocks for b in block.bindings}
-    uses: dict = {}
-    for expr in [*values.values(), func.body.body]:
-        for var in relax.analysis.free_vars(expr):
-            uses[var] = uses.get(var, 0) + 1
-    return values, uses
-
-
-def _scaled(product: relax.Var, scale: float) -> relax.Expr:
-    """``product * scale``, the scale a constant of the product's dtype."""
-    return relax.op.multiply(product, relax.const(scale, str(product.ty.dtype)))
-
-
-def _call_of(value: relax.Expr | None, op) -> relax.Call | None:
-    return value if isinstance(value, relax.Call) and value.op == op else None
 
 
 def _per_column(operand: relax.Expr, columns: int) -> bool:
@@ -131,40 +112,46 @@ class _Rewriter(PyExprMutator):
             if isinstance(source, relax.Var):
                 self.set_var_remap(binding.var, source)
                 return
-        scaled = self._unscaled(binding.value)
-        if scaled is not None:
-            self._emit_scaled(binding, *scaled)
+        matmul = call_of(value, _MATMUL)
+        if matmul is not None and self._scale(matmul.args) != 1.0:
+            a, b = matmul.args
+            rebind(self, binding.var, *self._product(a, b, matmul.attrs.out_dtype, binding.var))
             return
         plan = self._unflatten_plan(binding)
         if plan is None:
             super().visit_var_binding_(binding)
             return
         matmul_var, (a, b, out_dtype), chain = plan
-        (a, s), (b, t) = self._unscale(a), self._unscale(b)
-        value = relax.op.matmul(self.visit_expr(a), self.visit_expr(b), out_dtype)
-        name = matmul_var.name
-        if s * t != 1.0 and np.isfinite(s * t):
-            value = _scaled(self.builder_.emit(value, name), s * t)
-            name = f"{name}_scaled"
+        value, name = self._product(a, b, out_dtype, matmul_var)
         for var, call, index in chain:  # the epilogue, in order, on the unflattened result
             value = self._with_arg(call, index, self.builder_.emit(value, name))
             name = var.name
-        self._bind(binding.var, value, name)
+        rebind(self, binding.var, value, name)
+
+    def _product(self, a, b, out_dtype, var) -> tuple[relax.Expr, str]:
+        """``matmul(a, b)`` with the operands' scalar scales after it (:meth:`_unscale`), and
+        the name for its binding: ``var``'s, or ``<var>_scaled`` for the scale, the matmul
+        binding ``var``'s name."""
+        (a, s), (b, t) = self._unscale(a), self._unscale(b)
+        # visited as a call, so that the broadcasts of its operands are dropped too
+        value = self.visit_expr(relax.op.matmul(a, b, out_dtype))
+        if s * t == 1.0 or not np.isfinite(s * t):
+            return value, var.name
+        product = self.builder_.emit(value, var.name)
+        return relax.op.multiply(product, relax.const(s * t, str(product.ty.dtype))), (
+            f"{var.name}_scaled"
+        )
+
+    def _scale(self, operands) -> float:
+        """The product of the operands' scalar scales (:meth:`_unscale`); 1.0 when it is not
+        finite (nothing is moved)."""
+        scale = self._unscale(operands[0])[1] * self._unscale(operands[1])[1]
+        return scale if np.isfinite(scale) else 1.0
 
     def _with_arg(self, call: relax.Call, index: int, value: relax.Expr) -> relax.Call:
         """``call`` with its arguments visited and argument ``index`` replaced by ``value``."""
         args = [value if i == index else self.visit_expr(arg) for i, arg in enumerate(call.args)]
         return relax.Call(call.op, args, call.attrs, call.ty_args)
-
-    def _unscaled(self, value: relax.Expr):
-        """``(matmul(a, b), scale)`` for ``matmul(a * s, b * t)``, ``scale = s * t`` (see
-        :meth:`_unscale`), or None when neither operand is scaled."""
-        if _call_of(value, _MATMUL) is None:
-            return None
-        (a, s), (b, t) = (self._unscale(arg) for arg in value.args)
-        if s == t == 1.0 or not np.isfinite(s * t):
-            return None
-        return relax.Call(value.op, [a, b], value.attrs), s * t
 
     def _unscale(self, operand: relax.Expr) -> tuple[relax.Expr, float]:
         """``(x, s)`` when ``operand`` is ``x * s`` (or ``s * x``, or an identity broadcast of
@@ -173,38 +160,21 @@ class _Rewriter(PyExprMutator):
         source = operand
         while self.uses.get(source, 0) == 1 and _is_identity_broadcast(self.values.get(source)):
             source = self.values[source].args[0]
-        multiply = _call_of(self.values.get(source), _MULTIPLY)
+        multiply = call_of(self.values.get(source), _MULTIPLY)
         if multiply is None or self.uses.get(source, 0) != 1:
             return operand, 1.0
         for x, s in (multiply.args, reversed(multiply.args)):
-            if not isinstance(s, Constant) or _shape(x) != _shape(source):
-                continue
-            data = s.value.numpy()
-            if data.size == 1 and str(s.value.dtype) in ("float32", "float16", "bfloat16"):
-                factor = float(data.astype("float64").reshape(()))
-                if np.isfinite(factor):
-                    return x, factor
+            factor = scalar_constant(s)
+            if factor is not None and np.isfinite(factor) and _shape(x) == _shape(source):
+                return x, factor
         return operand, 1.0
-
-    def _emit_scaled(self, binding: relax.VarBinding, matmul: relax.Call, scale: float) -> None:
-        """Bind ``matmul * scale`` to ``binding.var``; the matmul keeps the var's name."""
-        product = self.builder_.emit(self.visit_expr(matmul), binding.var.name)
-        self._bind(binding.var, _scaled(product, scale), f"{binding.var.name}_scaled")
-
-    def _bind(self, var: relax.Var, value: relax.Expr, name: str) -> None:
-        """Bind ``value`` to ``var``: a new var named ``name`` that ``var``'s uses read, or
-        ``var`` itself when it is a result of the dataflow block."""
-        if isinstance(var, relax.DataflowVar):
-            self.set_var_remap(var, self.builder_.emit(value, name))
-        else:
-            self.builder_.emit_normalized(relax.VarBinding(var, self.builder_.normalize(value)))
 
     def _unflatten_plan(self, binding: relax.VarBinding):
         """For ``var = reshape(epilogue(matmul(reshape(a), reshape(b))))``, where the reshapes
         only flatten leading dimensions and the result has ``matmul(a, b)``'s shape: ``(matmul
         var, (a, b, out_dtype), [(var, call, index of the chain argument)] of the epilogue)``.
         Every value in between must have no other reader. None otherwise."""
-        reshape = _call_of(binding.value, _RESHAPE)
+        reshape = call_of(binding.value, _RESHAPE)
         out = _shape(binding.var)
         if reshape is None or out is None:
             return None
@@ -214,7 +184,7 @@ class _Rewriter(PyExprMutator):
             if not isinstance(current, relax.Var) or self.uses.get(current, 0) != 1:
                 return None
             value = self.values.get(current)
-            if _call_of(value, _MATMUL) is not None:
+            if call_of(value, _MATMUL) is not None:
                 break
             index = self._chain_argument(value, current)
             if index is None:
@@ -267,7 +237,7 @@ class _Rewriter(PyExprMutator):
 
     def _flattened_from(self, operand: relax.Expr) -> relax.Expr | None:
         """The tensor that ``operand`` reshapes, or None."""
-        reshape = _call_of(self.values.get(operand), _RESHAPE)
+        reshape = call_of(self.values.get(operand), _RESHAPE)
         return reshape.args[0] if reshape is not None else None
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:

@@ -15,12 +15,11 @@ from __future__ import annotations
 import numpy as np
 import tvm
 from tvm import relax
-from tvm.ir.expr import Constant
 from tvm.relax import PyExprMutator
 
 from tvmamp.tensors import static_shape, tensor_dtype
 
-from .matmul_broadcast import bindings_and_uses
+from .bindings import bound_values, call_of, rebind, scalar_constant, use_counts
 
 _OPS = {name: tvm.ir.Op.get(f"relax.{name}") for name in "multiply power mean add rsqrt".split()}
 
@@ -34,7 +33,7 @@ class FuseRMSNorm:
         rewriter = _Rewriter(mod)
         for gvar, func in mod.functions_items():
             if isinstance(func, relax.Function) and isinstance(func.body, relax.SeqExpr):
-                rewriter.values, rewriter.uses = bindings_and_uses(func)
+                rewriter.values, rewriter.uses = bound_values(func), use_counts(func)
                 rewriter.readers = _readers(func)
                 rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
         return relax.transform.DeadCodeElimination()(rewriter.builder_.get())
@@ -51,15 +50,7 @@ def _readers(func: relax.Function) -> dict:
 
 
 def _call(value, name: str) -> relax.Call | None:
-    return value if isinstance(value, relax.Call) and value.op == _OPS[name] else None
-
-
-def _scalar(expr) -> float | None:
-    """The value of a one-element float constant, or None."""
-    if not isinstance(expr, Constant):
-        return None
-    data = expr.value.numpy()
-    return float(data.reshape(())) if data.size == 1 and data.dtype.kind == "f" else None
+    return call_of(value, _OPS[name])
 
 
 @relax.expr_functor.mutator
@@ -82,11 +73,7 @@ class _Rewriter(PyExprMutator):
         value = relax.op.nn.rms_norm(
             self.visit_expr(x), self.visit_expr(weight), axes=[-1], epsilon=eps
         )
-        if isinstance(binding.var, relax.DataflowVar):
-            self.set_var_remap(binding.var, self.builder_.emit(value, binding.var.name))
-        else:
-            value = self.builder_.normalize(value)
-            self.builder_.emit_normalized(relax.VarBinding(binding.var, value))
+        rebind(self, binding.var, value, binding.var.name)
 
     def _weighted(self, value):
         """``(x, weight, eps)`` for ``core(x) * weight`` (either order), ``weight`` one value
@@ -140,9 +127,9 @@ class _Rewriter(PyExprMutator):
             chain.append(call)
             r = call.args[0]
             if name == "add":
-                eps = _scalar(call.args[1])
+                eps = scalar_constant(call.args[1])
                 if eps is None:
-                    eps, r = _scalar(call.args[0]), call.args[1]
+                    eps, r = scalar_constant(call.args[0]), call.args[1]
                 if eps is None:
                     return None
         mean = chain[-1]
@@ -154,7 +141,7 @@ class _Rewriter(PyExprMutator):
             return None
         square = self.values.get(r)
         power = _call(square, "power")
-        if power is not None and power.args[0].same_as(x) and _scalar(power.args[1]) == 2.0:
+        if power is not None and power.args[0].same_as(x) and scalar_constant(power.args[1]) == 2.0:
             return eps
         times = _call(square, "multiply")
         if times is not None and all(a.same_as(x) for a in times.args):

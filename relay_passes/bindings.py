@@ -1,0 +1,57 @@
+"""Reading a Relax function's bindings, for the graph rewrites that match a few ops in a row.
+
+The rewrites (``FoldBatchNorm``, ``SimplifyMatmulBroadcast``, ``FuseRMSNorm``) look up what
+each var is bound to in the function as written, replace a value only when nothing else reads
+the values they fold away, and bind the new value in place of the old binding.
+"""
+
+from __future__ import annotations
+
+from tvm import relax
+from tvm.ir.expr import Constant
+from tvm.relax import PyExprMutator
+
+from tvmamp.tensors import FLOAT_DTYPES
+
+
+def bound_values(func: relax.Function) -> dict:
+    """Var -> the value bound to it, for the bindings of ``func``'s body."""
+    return {b.var: b.value for block in func.body.blocks for b in block.bindings}
+
+
+def use_counts(func: relax.Function) -> dict:
+    """Var -> how many times ``func``'s body (its result included) reads it."""
+    counts: dict = {}
+
+    def visit(expr):
+        if isinstance(expr, relax.Var):
+            counts[expr] = counts.get(expr, 0) + 1
+
+    relax.analysis.post_order_visit(func.body, visit)
+    return counts
+
+
+def call_of(value: relax.Expr | None, op) -> relax.Call | None:
+    """``value`` when it is a call of ``op``, else None."""
+    return value if isinstance(value, relax.Call) and value.op == op else None
+
+
+def scalar_constant(expr: relax.Expr) -> float | None:
+    """The value of a float constant of one element, or None."""
+    if not isinstance(expr, Constant) or str(expr.value.dtype) not in FLOAT_DTYPES:
+        return None
+    data = expr.value.numpy()
+    return float(data.astype("float64").reshape(())) if data.size == 1 else None
+
+
+def rebind(mutator: PyExprMutator, var: relax.Var, value: relax.Expr, name: str) -> None:
+    """Bind ``value`` in place of ``var``'s binding: a new var named ``name`` that ``var``'s
+    readers read, or ``var`` itself when it is a result of the dataflow block."""
+    builder = mutator.builder_
+    if isinstance(var, relax.DataflowVar):
+        mutator.set_var_remap(var, builder.emit(value, name))
+    else:
+        builder.emit_normalized(relax.VarBinding(var, builder.normalize(value)))
+
+
+__all__ = ["bound_values", "call_of", "rebind", "scalar_constant", "use_counts"]
