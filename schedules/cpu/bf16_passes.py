@@ -89,7 +89,7 @@ def tensorize_packs(mod: tvm.IRModule) -> tvm.IRModule:
                     continue
                 # a padded weight: its guard keeps the intrinsic off every tile
                 alone = mark == PACK_PAIRS and len(marked) == 1
-                ragged = ragged_pack(func, block, sch, native) if alone else None
+                ragged = ragged_pack(sch, block, native) if alone else None
                 if ragged is not None:
                     sch = s_tir.Schedule(ragged.with_attrs(func.attrs))
                     break

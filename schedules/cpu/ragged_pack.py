@@ -24,12 +24,12 @@ from .bf16_common import pack_pairs_intrin, pack_pairs_name
 _PAIR, _TILE = 2, 32
 
 
-def ragged_pack(func: tirx.PrimFunc, block: s_tir.schedule.SBlockRV, sch, native: bool):
-    """The packing function ``func`` (one :data:`PACK_PAIRS` block, ``block`` in ``sch``) with
-    whole tiles through the helper, or None when it is not ``D = guard(B[s, k, j])`` from a
-    compact ``B[S, K, J]`` or ``B[K, J]`` of bf16 or fp32."""
+def ragged_pack(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, native: bool):
+    """The packing function of ``sch`` (one :data:`PACK_PAIRS` block, ``block``) with whole
+    tiles through the helper, or None when it is not ``D = guard(B[s, k, j])`` from a compact
+    ``B[S, K, J]`` or ``B[K, J]`` of bf16 or fp32."""
     stmt = sch.get(block)
-    params = [p for p in func.params if isinstance(p, tirx.Buffer)]
+    params = [p for p in sch.mod["main"].params if isinstance(p, tirx.Buffer)]
     if len(params) != 2 or len(stmt.reads) != 1 or len(stmt.writes) != 1:
         return None
     src, dst = stmt.reads[0].source, stmt.writes[0].source
