@@ -15,7 +15,8 @@ annotation, ``tirx::transform::kDisableLowerTVMBuiltin``), so they stay ``alloca
 LLVM promotes to registers; only small static ``local`` buffers are marked
 (:data:`STACK_LIMIT_BYTES`), so no kernel can overflow a thread's stack. The pass runs right
 before ``LowerTVMBuiltin``, in the TIR pipeline :data:`PIPELINE`, which the ``llvm`` target
-entry names for ``tvm.compile`` and tuning builds.
+entry names for ``tvm.compile`` and tuning builds. The same pipeline first places the software
+prefetches that GEMM schedules ask for (:mod:`tvmamp.schedules.cpu.prefetch`).
 
 :func:`register_math_lowering` fills gaps in TVM's LLVM lowering of math intrinsics: ``sinh`` and
 ``cosh`` had none in any dtype, and ``asin``, ``acos``, ``atan``, ``asinh``, ``acosh`` and
@@ -29,6 +30,8 @@ import functools
 import tvm
 import tvm_ffi
 from tvm import tirx
+
+from ..schedules.cpu.prefetch import inject_prefetch
 
 # The TIR pipeline name the llvm target entry builds with (tvm.tirx.register_tir_pipeline).
 PIPELINE = "tvmamp.llvm"
@@ -68,7 +71,9 @@ def stack_local_tiles(func: tirx.PrimFunc, _mod, _ctx) -> tirx.PrimFunc:
 
 
 def _pipeline_factory():
-    """TVM's default (s_tir) pipeline; the host finalisation first keeps local tiles on stack."""
+    """TVM's default (s_tir) pipeline, with the prefetches the schedules asked for placed first
+    (:data:`.schedules.cpu.prefetch.inject_prefetch`); the host finalisation first keeps local
+    tiles on the stack."""
     from tvm.s_tir.pipeline import default_s_tir_pipeline
 
     lower, finalize_host, finalize_device = default_s_tir_pipeline()
@@ -76,7 +81,8 @@ def _pipeline_factory():
     def finalize_host_with_stack_tiles():
         return tvm.transform.Sequential([stack_local_tiles, finalize_host()])
 
-    return lower, finalize_host_with_stack_tiles, finalize_device
+    lower_with_prefetch = tvm.transform.Sequential([inject_prefetch, lower])
+    return lower_with_prefetch, finalize_host_with_stack_tiles, finalize_device
 
 
 @functools.cache

@@ -15,6 +15,7 @@ from tvm.tirx.analysis import undefined_vars
 
 from ..x86 import bf16_intrin as intrin
 from . import bf16_amx as amx
+from . import prefetch
 from .bf16_common import (
     PACK_PAIRS,
     PACK_PAIRS_T,
@@ -215,6 +216,7 @@ def schedule_matmul(
         return
     plan = make_plan(extents, config)
     prepare(sch, main, target, plan.padding, a_contiguous, shared=shared)
+    packed = sch.get(main).reads[1].source
     outer, row_tile, k_outer, lanes = _tile(sch, main, plan)
     acc = sch.cache_write(main, 0, "local")
     sch.reverse_compute_at(acc, row_tile, preserve_unit_loops=True)
@@ -227,6 +229,8 @@ def schedule_matmul(
     init = sch.decompose_reduction(main, k_outer)
     vectorize_tile(sch, init)
     sch.tensorize(lanes, intrin.DPBF16PS_INTRIN)
+    (update,) = sch.get_child_blocks(k_outer)
+    prefetch.mark(sch, update, packed, axis=1, ahead=plan.tile_j // intrin.LANES)
     intrin.import_helpers(sch, outer)
 
 
