@@ -8,9 +8,10 @@ How it works, binding by binding (one pass, in program order):
 - The policy maps (op, nominal input dtypes) to a compute dtype; per-node patterns and the
   constant-overflow guard may override it.
 - At O2 a follow op whose result only feeds fp32 computations (black ops, fp32 casts, or
-  follow ops of the same kind) and that reads a non-constant fp32 value (an fp32 input, or a
-  white op's fp32 accumulator) runs in fp32: rounding it to low would be undone at once, and
-  costs two casts instead of none or one. This keeps residual streams fp32 up to the layer
+  follow ops of the same kind), or those and white ops, and that reads a non-constant fp32
+  value (an fp32 input, or a white op's fp32 accumulator) runs in fp32: rounding it to low
+  would be undone at once, and costs two casts instead of none or one (a white reader casts
+  its input to low either way). This keeps residual streams fp32 up to the layer
   norms that read them, as MindSpore's O2 (fp32 LayerNorm/BatchNorm) and torch autocast (type
   promotion) do. A backward pass over each function finds these results
   (:func:`_feeds_fp32_only`) before the rewrite.
@@ -734,7 +735,12 @@ def _feeds_fp32_only(func: relax.Function, policy: Policy, results: bool = False
 
     A use counts when it is a direct argument of an op that computes in fp32 even from low
     inputs (the black list, ops the target cannot run low), of a comparison, of
-    ``astype(..., "float32")``, or of a follow op whose own result is in the set. Function
+    ``astype(..., "float32")``, or of a follow op whose own result is in the set. A use by a
+    white op that runs low is neutral: it reads a low copy whatever the var's dtype, so a var
+    whose other uses all count is in the set too (DebertaV2 multiplies its embedding LayerNorm
+    by the mask, and the product feeds both the Q/K/V GEMMs and the fp32 residual stream; run
+    low, it rounded that stream to bf16: 20x torch autocast's error). A var read only by white
+    ops is not in the set. Function
     results do not count: the cast back to the caller's dtype is I/O, not a computation (and a
     GEMM that wrote fp32 logits instead of bf16 ones would be slower), unless ``results``: then
     a use as the function's result counts too (see :meth:`_undone_at_once` for when it
@@ -770,7 +776,8 @@ def _feeds_fp32_only(func: relax.Function, policy: Policy, results: bool = False
     # for results decides from the op's own inputs, so it does not carry over to producers
     strict = _feeds_fp32_only(func, policy) if results else None
 
-    def fp32_use(use, found):
+    def fp32_use(use, found) -> bool | None:
+        """True: the use computes in fp32; None: a low white op; False: any other use."""
         value, consumer = use
         if results and value is None and consumer is None:
             return True  # the function's result, cast back to fp32
@@ -787,12 +794,14 @@ def _feeds_fp32_only(func: relax.Function, policy: Policy, results: bool = False
             return name == "relax.astype" and str(value.attrs.dtype) == "float32"
         if policy.compute_dtype(name, [low]) == "float32" or name in _COMPARISONS:
             return True
+        if policy.category(name) is Category.WHITE:
+            return None
         return policy.category(name) is Category.FOLLOW and consumer in found
 
     found = set()
     for binding in reversed(bindings):
-        var_uses = uses.get(binding.var, [])
-        if var_uses and all(fp32_use(u, found) for u in var_uses):
+        kinds = [fp32_use(u, found) for u in uses.get(binding.var, [])]
+        if True in kinds and False not in kinds:
             found.add(binding.var)
     return found
 

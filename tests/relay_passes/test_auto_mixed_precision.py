@@ -528,6 +528,64 @@ def test_o2_a_comparison_counts_as_an_fp32_use():
     assert decided["main/s"] == ("float32", "feeds_fp32")
 
 
+def test_o2_a_value_read_by_gemms_and_the_fp32_residual_stream_stays_fp32():
+    """DebertaV2: the embedding LayerNorm times the mask feeds the Q/K/V GEMMs and the residual
+    add into the next LayerNorm. The GEMMs read a low copy whatever its dtype, so the product
+    runs in fp32 and the residual stream is not rounded (it was: 20x autocast's error). A
+    value read only by GEMMs stays low."""
+
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(
+            x: R.Tensor((4, 8), "float32"),
+            m: R.Tensor((4, 1), "float32"),
+            w: R.Tensor((8, 8), "float32"),
+            g: R.Tensor((8,), "float32"),
+            b: R.Tensor((8,), "float32"),
+        ):
+            with R.dataflow():
+                n = R.nn.layer_norm(x, g, b, axes=[-1])
+                e = R.multiply(n, m)
+                q = R.matmul(e, w)
+                h = R.add(q, e)
+                a = R.nn.relu(n)
+                v = R.matmul(a, w)
+                o = R.nn.layer_norm(h, g, b, axes=[-1])
+                R.output(o, v)
+            return (o, v)
+
+    @I.ir_module
+    class Expected:
+        @R.function
+        def main(
+            x: R.Tensor((4, 8), "float32"),
+            m: R.Tensor((4, 1), "float32"),
+            w: R.Tensor((8, 8), "float32"),
+            g: R.Tensor((8,), "float32"),
+            b: R.Tensor((8,), "float32"),
+        ):
+            with R.dataflow():
+                n = R.nn.layer_norm(x, g, b, axes=[-1])
+                e = R.multiply(n, m)  # read by a GEMM and the residual add: fp32
+                e16 = R.astype(e, "bfloat16")
+                w16 = R.astype(w, "bfloat16")
+                q = R.matmul(e16, w16, out_dtype="float32")
+                h = R.add(q, e)
+                n16 = R.astype(n, "bfloat16")
+                a = R.nn.relu(n16)  # read by a GEMM only: low
+                v = R.matmul(a, w16, out_dtype="float32")
+                o = R.nn.layer_norm(h, g, b, axes=[-1])
+                R.output(o, v)
+            return (o, v)
+
+    out, report = run(Before, "O2", "bfloat16")
+    tvm.ir.assert_structural_equal(out, Expected)
+    decided = {n.node: (n.dtype, n.reason) for n in report.nodes}
+    assert decided["main/e"] == ("float32", "feeds_fp32")
+    assert decided["main/a"] == ("bfloat16", "policy")
+
+
 @pytest.mark.parametrize("level", ["O2", "O3"])
 def test_resize_keeps_its_out_dtype_and_the_output_is_fp32(level):
     """resize2d's out_dtype is not an accumulator (TVM's legalization ignores it): a float32
