@@ -35,9 +35,9 @@ def ragged_pack(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, native: boo
     src, dst = stmt.reads[0].source, stmt.writes[0].source
     if not (src.same_as(params[0]) and dst.same_as(params[1])):
         return None
-    if not _reads_plainly(stmt, src):
+    shape = _plain_shape(stmt, src)
+    if shape is None:
         return None
-    shape = [int(e) for e in src.shape]
     if len(shape) == 2:
         shape = [1, *shape]
     batch, rows, cols = shape
@@ -57,26 +57,35 @@ def ragged_pack(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, native: boo
     )
 
 
-def _reads_plainly(stmt, src) -> bool:
-    """Whether the block stores ``guard(src[s, k, j])`` (or ``src[k, j]``, maybe cast) at its
-    iterators ``(s, j, k)``."""
+def _plain_shape(stmt, src) -> list[int] | None:
+    """The shape ``[S, K, J]`` or ``[K, J]`` of ``src`` when the block stores
+    ``guard(src[s, k, j])`` (or ``src[k, j]``, maybe cast) at its iterators ``(s, j, k)``;
+    leading unit axes read at 0 (attention's ``V`` of ``[1, heads, tokens, dim]``) are dropped.
+    None otherwise."""
     iters = [iv.var for iv in stmt.iter_vars]
     store = stmt.body
     if len(iters) != 3 or not isinstance(store, tirx.BufferStore):
-        return False
+        return None
     value = store.value
     if isinstance(value, Call) and getattr(value.op, "name", "") == "prim.if_then_else":
         value = value.args[1]
     if isinstance(value, tirx.Cast):
         value = value.value
     if not isinstance(value, TensorLoad) or not value.source.same_as(src):
-        return False
+        return None
+    indices, shape = list(value.indices), [int(e) for e in src.shape]
+    while len(indices) > 2 and shape[0] == 1 and _is_zero(indices[0]):
+        indices, shape = indices[1:], shape[1:]
     s, j, k = iters
-    indices = list(value.indices)
     wanted = [s, k, j] if len(indices) == 3 else [k, j]
-    return len(indices) == len(wanted) and all(
+    plain = len(indices) == len(wanted) and all(
         isinstance(i, tirx.Var) and i.same_as(w) for i, w in zip(indices, wanted)
     )
+    return shape if plain else None
+
+
+def _is_zero(index) -> bool:
+    return isinstance(index, tirx.IntImm) and index.value == 0
 
 
 def _build(src, dst, batch, rows, cols, padded_rows, padded_cols, src_dtype, native, parallel):

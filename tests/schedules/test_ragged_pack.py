@@ -50,6 +50,8 @@ SHAPES = [
     ((33, 77), (77, 45)),  # both
     ((8, 3), (3, 33)),  # fewer rows than a pair beyond the first
     ((3, 20, 197), (3, 197, 64)),  # attention's probabilities @ V over 197 tokens
+    ((1, 3, 20, 197), (1, 3, 197, 64)),  # the same with the batch axis of [1, heads, ...]
+    ((1, 3, 20, 64), (1, 3, 64, 197)),  # q @ k^T over 197 tokens: ragged J, K^T made earlier
 ]
 
 
