@@ -156,6 +156,28 @@ def test_intrinsic_is_registered_for_meta_schedule():
     assert "tvmamp_dpbf16ps_16x2" in intrin.impl.script()
 
 
+@pytest.mark.parametrize(
+    ("rows", "tile_i"), [(49, 7), (196, 7), (13, 7), (197, 8), (50, 8), (256, 8), (6, 6)]
+)
+def test_a_row_shorter_tile_where_it_pads_fewer_rows(rows, tile_i):
+    """A 7 x 7 feature map (49 rows) takes 7 tiles of 7 rows instead of 56 padded rows."""
+    assert make_plan([1, rows, 256, 64], CPUMatmulBF16.Config()).tile_i == tile_i
+    # with one 16-lane vector (J = 16) seven rows would be seven accumulators: no change
+    assert make_plan([1, rows, 16, 64], CPUMatmulBF16.Config()).tile_i == min(8, rows)
+
+
+def test_a_49_row_gemm_reads_a_in_place_and_matches_numpy(rng):
+    _needs_host("avx512_bf16")
+    a, b = _bf16(rng, (49, 96)), _bf16(rng, (96, 64))
+    mod, exe = _compile(_gemm(49, 96, 64), VDPBF16PS)
+    # the pre-processing functions: B's pack only (50 rows add a padded copy of A)
+    preproc = [gv for gv, _ in mod.functions_items() if gv.name_hint.endswith("_prepack")]
+    assert len(preproc) == 1, preproc
+    vm = relax.VirtualMachine(exe, tvm.cpu())
+    out = vm["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(b)).numpy()
+    assert _rel_err(out, a.astype("float64") @ b.astype("float64")) <= 1e-5
+
+
 def test_tile_plan_exposes_the_config():
     config = CPUMatmulBF16.Config(tile_i=4, vectors_j=3)
     assert make_plan([1, 256, 512, 64], config).padding == [1, 4, 48, 2]
