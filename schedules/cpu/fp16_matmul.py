@@ -13,6 +13,7 @@ from tvm.target import Target
 from tvm.target.codegen import llvm_cpu_has_features
 
 from ..x86 import f16c_intrin as intrin
+from . import prefetch
 from .bf16_common import mark_preproc
 from .common import (
     CPURule,
@@ -165,6 +166,7 @@ def schedule_matmul(
     lanes = vector_lanes(target, "float32")
     plan = make_plan(extents, lanes, config)
     _prepare(sch, main, plan, target)
+    packed = sch.get(main).reads[1].source
     outer, row_tile, k_outer, j_lane = _tile(sch, main, plan, lanes)
     acc = sch.cache_write(main, 0, "local")
     sch.reverse_compute_at(acc, row_tile, preserve_unit_loops=True)
@@ -176,6 +178,8 @@ def schedule_matmul(
     init = sch.decompose_reduction(main, k_outer)
     vectorize_tile(sch, init)
     sch.tensorize(j_lane, intrin.register(lanes))
+    (update,) = sch.get_child_blocks(k_outer)
+    prefetch.mark(sch, update, packed, axis=1, ahead=1)  # the next panel: see .prefetch
 
 
 def _prepare(sch: s_tir.Schedule, main: SBlockRV, plan: Plan, target: Target) -> None:

@@ -88,16 +88,22 @@ def test_a_strip_walked_once_gets_no_prefetch():
     tvm.ir.assert_structural_equal(_inject(once), once)
 
 
-def _gemm(rows: int):
+def _gemm(rows: int, dtype: str = "bfloat16", target=TARGET):
+    """``a @ b`` scheduled for ``target``; an fp16 ``b`` is a constant (the F16C rule)."""
     bb = relax.BlockBuilder()
-    a = relax.Var("a", relax.TensorType((rows, 96), "bfloat16"))
-    b = relax.Var("b", relax.TensorType((96, 128), "bfloat16"))
-    with bb.function("main", [a, b]):
+    a = relax.Var("a", relax.TensorType((rows, 96), dtype))
+    params = [a]
+    if dtype == "float16":
+        b = relax.const(np.random.default_rng(0).standard_normal((96, 128)).astype(dtype))
+    else:
+        b = relax.Var("b", relax.TensorType((96, 128), dtype))
+        params.append(b)
+    with bb.function("main", params):
         with bb.dataflow():
             out = bb.emit_output(relax.op.matmul(a, b, out_dtype="float32"))
         bb.emit_func_output(out)
-    with TARGET:
-        passes = [*legalize_passes(), *cpu_schedule_passes(TARGET)]
+    with target:
+        passes = [*legalize_passes(), *cpu_schedule_passes(target)]
         return tvm.transform.Sequential(passes)(bb.get())
 
 
@@ -111,6 +117,15 @@ def test_the_bf16_gemm_asks_for_the_prefetch_where_strips_are_walked_again(rows,
     lowered = _inject(_gemm_kernel(_gemm(rows))).script()
     assert KEY in lowered
     assert ("llvm.prefetch" in lowered) == fetches
+
+
+def test_the_fp16_gemm_fetches_its_next_panel_too():
+    """The F16C kernel (a CPU without avx512_bf16) splits its reduction in two loops: the
+    step along the strip is their combined index."""
+    target = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 1})
+    lowered = _inject(_gemm_kernel(_gemm(40, "float16", target))).script()
+    assert "llvm.prefetch" in lowered
+    assert "(ax3_0 * T.int64(4) + ax3_1) % T.int64(5) == ax1_0" in lowered
 
 
 def test_a_prefetching_gemm_matches_numpy(rng):
