@@ -13,6 +13,7 @@ from tvmamp.relay_passes import AutoMixedPrecision
 from tvmamp.relay_passes.fold_batch_norm import FoldBatchNorm
 from tvmamp.relay_passes.matmul_broadcast import SimplifyMatmulBroadcast
 from tvmamp.relay_passes.rms_norm import FuseRMSNorm
+from tvmamp.relay_passes.take_to_slice import TakeToSlice
 from tvmamp.targets import resolve_target
 from tvmamp.tensors import check_array
 
@@ -148,6 +149,7 @@ def convert(
         node_dtypes=dict(node_dtypes) if node_dtypes else None,
     )
     mod, constant_names = bind_params(mod, params)
+    mod = TakeToSlice()(mod)  # x[i] is a slice, not an embedding lookup (black list)
     mod = SimplifyMatmulBroadcast()(mod)  # before FoldConstant can copy a weight per batch
     mod = FuseRMSNorm()(mod)  # written-out RMSNorms run as one fp32 (black list) op
     mod = FoldBatchNorm(constant_names)(mod)  # inference batch norms into their convs' weights
