@@ -24,7 +24,8 @@ class NodeDecision:
     op: str
     dtype: str
     category: str
-    # "policy", "feeds_fp32" (O2: its result only feeds fp32 ops), "index_values" (computes on
+    # "policy", "feeds_fp32" (O2: its result only feeds fp32 ops), "comparison" (O2: a
+    # comparison of a computed fp32 value, kept fp32), "index_values" (computes on
     # positions or counts cast from integers only: kept as written), "custom_fp32_nodes",
     # "custom_low_nodes", "node_dtypes", "unsupported", "overflow"
     reason: str

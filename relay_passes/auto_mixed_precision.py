@@ -7,6 +7,8 @@ How it works, binding by binding (one pass, in program order):
   dtype is low; consumers that want fp32 take it as it is, consumers that want low cast it once.
 - The policy maps (op, nominal input dtypes) to a compute dtype; per-node patterns and the
   constant-overflow guard may override it.
+- At O2 a comparison that reads a computed fp32 value compares it in fp32 (reason
+  ``"comparison"``): rounding first can flip its bool result.
 - At O2 a follow op whose result only feeds fp32 computations (black ops, fp32 casts, or
   follow ops of the same kind), or those and white ops, and that reads a non-constant fp32
   value (an fp32 input, or a white op's fp32 accumulator) runs in fp32: rounding it to low
@@ -393,6 +395,8 @@ class _Rewriter(PyExprMutator):
             written = [tensor_dtype(e) for e in self._float_inputs(call.args)]
             dtype = "float32" if "float32" in written else written[0]
             reason = "index_values"
+        elif self._compares_fp32(op_name, inputs, dtype):
+            dtype, reason = "float32", "comparison"
         elif self._undone_at_once(var, op_name, inputs, dtype):
             dtype, reason = "float32", "feeds_fp32"
         dtype, reason = self._override(var, node_id, op_name, inputs, dtype, reason)
@@ -435,6 +439,22 @@ class _Rewriter(PyExprMutator):
         if var in self._fp32_or_result:
             return bool(live) and all(self._computed_in_fp32(e) for e in live)
         return False
+
+    def _compares_fp32(self, op_name, inputs, dtype) -> bool:
+        """O2: a comparison that reads a computed fp32 value (an fp32 activation or input, or a
+        white op's fp32 accumulator) compares it in fp32.
+
+        Rounding first can flip the result: ``x > 0.5`` is false for an fp32 ``x = 0.50001``
+        rounded to bf16, and sdpa's ``scores == -inf`` is true for a finite score below the bf16
+        range. The result is bool, so running low saves no bytes either. Off where the target
+        turns off fp32 feeds (an fp16-only NPU).
+        """
+        if dtype == "float32" or op_name not in _COMPARISONS:
+            return False
+        if self.policy.level != "O2" or not self.policy.fp32_feeds:
+            return False
+        live = [e for e in inputs if not self._is_constant(e)]
+        return any(tensor_dtype(e) == "float32" for e in live)
 
     def _computed_in_fp32(self, expr) -> bool:
         """An fp32 value an op of the function computed in fp32: not a parameter, a low op's

@@ -586,6 +586,42 @@ def test_o2_a_value_read_by_gemms_and_the_fp32_residual_stream_stays_fp32():
     assert decided["main/a"] == ("bfloat16", "policy")
 
 
+def test_o2_a_comparison_of_an_fp32_value_compares_in_fp32():
+    """``x > 0.5`` on a GEMM's fp32 accumulator: rounded to bf16 first, 0.50001 compared as 0.5
+    (false). It reads the accumulator as it is; O3 still compares low."""
+
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(x: R.Tensor((4, 8), "float32"), w: R.Tensor((8, 8), "float32")):
+            with R.dataflow():
+                y = R.matmul(x, w)
+                c = R.greater(y, R.const(0.5, "float32"))
+                R.output(c)
+            return c
+
+    @I.ir_module
+    class Expected:
+        @R.function
+        def main(x: R.Tensor((4, 8), "float32"), w: R.Tensor((8, 8), "float32")):
+            with R.dataflow():
+                x16 = R.astype(x, "bfloat16")
+                w16 = R.astype(w, "bfloat16")
+                y = R.matmul(x16, w16, out_dtype="float32")
+                c = R.greater(y, R.const(0.5, "float32"))
+                R.output(c)
+            return c
+
+    out, report = run(Before, "O2", "bfloat16")
+    tvm.ir.assert_structural_equal(out, Expected)
+    decided = {n.node: (n.dtype, n.reason) for n in report.nodes}
+    assert decided["main/c"] == ("float32", "comparison")
+    _, o3 = run(Before, "O3", "bfloat16")
+    assert {n.node: n.dtype for n in o3.nodes}["main/c"] == "bfloat16"
+    _, npu = run(Before, "O2", "bfloat16", fp32_feeds=False)
+    assert {n.node: n.dtype for n in npu.nodes}["main/c"] == "bfloat16"
+
+
 @pytest.mark.parametrize("level", ["O2", "O3"])
 def test_resize_keeps_its_out_dtype_and_the_output_is_fp32(level):
     """resize2d's out_dtype is not an accumulator (TVM's legalization ignores it): a float32
