@@ -33,6 +33,9 @@ from __future__ import annotations
 import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir.schedule import SBlockRV
+from tvm.tirx.analysis import undefined_vars
+
+from .common import static_extent
 
 # The block annotation: [read index, axis, panels ahead] (plain integers, trace-safe).
 KEY = "tvmamp.prefetch_next_strip"
@@ -81,25 +84,25 @@ def _prefetch(
     bindings = dict(zip((iv.var for iv in block.iter_vars), realize.iter_values, strict=True))
     region = block.reads[read]
     index = [_substitute(r.min, bindings) for r in region.region]
-    used = set().union(*(_vars(e) for e in index))
+    used = set().union(*(undefined_vars(e) for e in index))
     steps = [  # the step along the strip: the binding of the reduction iterator
         value
         for iv, value in zip(block.iter_vars, realize.iter_values, strict=True)
         if iv.iter_type == tirx.IterVar.CommReduce
     ]
-    reduced = set().union(*(_vars(step) for step in steps))
+    reduced = set().union(*(undefined_vars(step) for step in steps))
     strip = next((p for p, loop in enumerate(loops) if loop.loop_var in reduced), None)
     if strip is None or len(steps) != 1:
         return None
     passes = [
         loop
         for loop in loops[:strip]
-        if loop.loop_var not in used and _extent(loop) is not None and _extent(loop) > 1
+        if loop.loop_var not in used and (static_extent(loop.extent) or 0) > 1
     ]
     if not passes:
         return None
     walk = passes[-1]
-    conditions = [tirx.floormod(steps[0], _extent(walk)) == _count(walk)]
+    conditions = [tirx.floormod(steps[0], static_extent(walk.extent)) == _count(walk)]
     conditions += [_count(loop) == 0 for loop in loops[strip + 1 :] if loop.loop_var not in used]
     last = region.source.shape[axis] - 1
     index[axis] = tirx.min(index[axis] + ahead, last)
@@ -108,20 +111,9 @@ def _prefetch(
     return tirx.IfThenElse(tirx.all(*conditions), tirx.Evaluate(fetch), None)
 
 
-def _extent(loop: tirx.For) -> int | None:
-    return int(loop.extent.value) if isinstance(loop.extent, tirx.IntImm) else None
-
-
 def _count(loop: tirx.For) -> tirx.PrimExpr:
     """The iteration number of ``loop``: its variable less its start."""
-    zero = isinstance(loop.min, tirx.IntImm) and loop.min.value == 0
-    return loop.loop_var if zero else loop.loop_var - loop.min
-
-
-def _vars(expr: tirx.PrimExpr) -> set[tirx.Var]:
-    found: set[tirx.Var] = set()
-    tvm_ffi.structural_walk(expr, [(tirx.Var, found.add)])
-    return found
+    return loop.loop_var if static_extent(loop.min) == 0 else loop.loop_var - loop.min
 
 
 def _substitute(expr: tirx.PrimExpr, bindings: dict) -> tirx.PrimExpr:

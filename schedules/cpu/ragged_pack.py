@@ -20,6 +20,7 @@ from tvm.ir.expr import Call
 from tvm.script import tirx as T
 
 from .bf16_common import pack_pairs_intrin, pack_pairs_name
+from .common import static_extent
 
 _PAIR, _TILE = 2, 32
 
@@ -74,7 +75,7 @@ def _plain_shape(stmt, src) -> list[int] | None:
     if not isinstance(value, TensorLoad) or not value.source.same_as(src):
         return None
     indices, shape = list(value.indices), [int(e) for e in src.shape]
-    while len(indices) > 2 and shape[0] == 1 and _is_zero(indices[0]):
+    while len(indices) > 2 and shape[0] == 1 and static_extent(indices[0]) == 0:
         indices, shape = indices[1:], shape[1:]
     s, j, k = iters
     wanted = [s, k, j] if len(indices) == 3 else [k, j]
@@ -82,10 +83,6 @@ def _plain_shape(stmt, src) -> list[int] | None:
         isinstance(i, tirx.Var) and i.same_as(w) for i, w in zip(indices, wanted)
     )
     return shape if plain else None
-
-
-def _is_zero(index) -> bool:
-    return isinstance(index, tirx.IntImm) and index.value == 0
 
 
 def _build(src, dst, batch, rows, cols, padded_rows, padded_cols, src_dtype, native, parallel):
