@@ -112,6 +112,24 @@ def test_k_blocked_kernel_matches_float64(rng, m, k, n, constant):
     assert np.abs(out - ref).max() / np.abs(ref).max() <= 1e-2
 
 
+@pytest.mark.parametrize("m", [2, 5, 16])
+def test_amx_for_fewer_than_32_rows_pads_them_and_matches_float64(rng, m):
+    """The tuning choice ``amx_min_rows=2``: rows padded to 32, the padding never written out."""
+    config = dataclasses.replace(CPUMatmulBF16.Config(), amx_min_rows=2)
+    k, n = 96, 80
+    a = rng.standard_normal((m, k)).astype(ml_dtypes.bfloat16)
+    b = rng.standard_normal((k, n)).astype(ml_dtypes.bfloat16)
+    mod = _schedule(_gemm_relu(m, k, n, b), config)
+    assert "tvmamp_amx_bf16_32x32" in _kernel_text(mod)
+    if "amx_bf16" not in _host_flags():
+        pytest.skip("the host CPU lacks amx_bf16 (scheduled, not run)")
+    vm = relax.VirtualMachine(tvm.compile(mod, target=AMX), tvm.cpu())
+    out = vm["main"](tvm.runtime.tensor(a)).numpy()
+    ref = np.maximum(a.astype("float64") @ b.astype("float64"), 0)
+    assert out.shape == (m, n)
+    assert np.abs(out - ref).max() / np.abs(ref).max() <= 1e-2
+
+
 AMX_16 = tvm.target.Target({"kind": "llvm", "mcpu": "sapphirerapids", "num-cores": 16})
 
 

@@ -93,6 +93,8 @@ def test_choices_hold_the_amx_blocks_only_where_amx_exists():
     assert amx[0] == base and vdp[0] == base  # the default schedule comes first
     blocks = {(c.amx_n_block, c.amx_k_block) for c in amx if c.amx}
     assert blocks == {(n, k) for n in AMX_N_BLOCKS for k in AMX_K_BLOCKS}
+    assert {c.amx_min_rows for c in amx} == {base.amx_min_rows, 2}
+    assert {c.amx_min_rows for c in vdp} == {base.amx_min_rows}
     assert {(c.amx_n_block, c.amx_k_block) for c in vdp} == {(base.amx_n_block, base.amx_k_block)}
     tiles = {(c.tile_i, c.vectors_j) for c in vdp if not c.amx}
     assert len(tiles) >= 5 and all(i * j <= 28 for i, j in tiles)
@@ -106,6 +108,9 @@ def test_choices_hold_the_amx_blocks_only_where_amx_exists():
         ((512, 1024, 1024), AMX, {"amx": 6, "vdpbf16ps": 6}),
         ((257, 4096, 1024), AMX, {"amx": 9, "vdpbf16ps": 6}),
         ((64, 96, 80), AMX, {"amx": 1, "vdpbf16ps": 6}),  # J and K below every block
+        # from 2 to 31 rows one choice tries AMX (rows padded to 32)
+        ((16, 768, 3072), AMX, {"amx": 1, "vdpbf16ps": 6}),
+        ((2, 256, 512), AMX, {"amx": 1, "vdpbf16ps": 3}),
         ((1, 256, 512), AMX, {"vdpbf16ps": 3}),  # batch 1: no AMX, the GEMV tiles
         ((512, 1024, 1024), VDPBF16PS, {"vdpbf16ps": 6}),
     ],
@@ -144,6 +149,23 @@ def test_a_decided_space_builds_with_vdpbf16ps():
     built = tvm.compile(mod, target=VDPBF16PS)
     mods = [built.mod, *built.mod.imports]
     assert "vdpbf16ps" in "".join(m.inspect_source("asm") for m in mods if m.kind == "llvm")
+
+
+def test_a_gemm_of_fewer_than_32_rows_has_an_amx_space_that_builds():
+    """AMX pads the 16 rows to 32; vdpbf16ps runs at half the fp32 FMA rate on Intel cores."""
+    spaces = _spaces(_gemm_func(16, 96, 80), AMX)
+    intrins = [
+        str(next(i for i in s.trace.insts if i.kind.name == "Tensorize").attrs[0]) for s in spaces
+    ]
+    assert intrins[0].startswith("tvmamp_x86_dpbf16ps")  # the default: vdpbf16ps
+    (amx,) = [
+        s for s, name in zip(spaces, intrins, strict=True) if name.startswith("tvmamp_x86_amx")
+    ]
+    built = tvm.compile(
+        tvm.IRModule({"main": amx.mod["main"].with_attr("global_symbol", "main")}), target=AMX
+    )
+    mods = [built.mod, *built.mod.imports]
+    assert "tdpbf16ps" in "".join(m.inspect_source("asm") for m in mods if m.kind == "llvm")
 
 
 def test_enumeration_measures_each_space_once_and_skips_measured_ones():
