@@ -1,4 +1,4 @@
-"""Row reductions on the CPU (softmax, layer norm, RMS norm, mean): one row per task, SIMD inside.
+"""Row reductions on the CPU (softmax, layer norm, RMS norm, mean): rows per task, SIMD inside.
 
 TVM's ``dlight.cpu.Reduction`` leaves every reduction scalar (a serial ``max``/``sum`` over the
 row, 4-8 ns per element on softmax and layer norm). Here each reduction is split into a SIMD
@@ -23,6 +23,10 @@ from .parallel import row_chunks
 # The fewest elements of a row one parallel task of a long-row reduction handles: below this
 # the extra combine step and the task start cost more than the cores save.
 MIN_CHUNK = 1024
+# Short rows are handled a few at a time, each stage for all of them before the next: one
+# row's stages form a chain of dependent reductions, and independent rows let the core overlap
+# them. The group's rows (at most this many elements) stay in L1.
+GROUP_ELEMENTS = 2048
 
 
 class CPURowReduction(CPURule):
@@ -34,7 +38,10 @@ class CPURowReduction(CPURule):
     before the first reduction, and per-row scalars (a mean), are inlined; epilogues are
     inlined into the last block. Rows run in a fused outer loop (parallel when the target has
     several cores and the work is large enough); inside a row every remaining block is a
-    vectorised loop, each reduction accumulating one SIMD register of partial results.
+    vectorised loop, each reduction accumulating one SIMD register of partial results. Short
+    rows go in groups of 4 or 2 (:func:`_row_group`), each stage for the whole group before
+    the next: a row's max, exp, sum and scale depend on each other, and a group gives the core
+    independent work (softmax and layer norm of 64-512 elements 11-36 % faster on Zen5).
 
     Rows fewer than the cores and long (a group norm of 4-8 groups of 65,536 elements) are cut
     into chunks instead (:func:`_schedule_long_rows`): each pass over the rows is a parallel
@@ -89,22 +96,45 @@ def _schedule(sch: s_tir.Schedule, target: Target) -> bool:
     if chunks > 1:
         _schedule_long_rows(sch, infos, rows, lanes, chunks)
         return True
+    group = _row_group(_row_count(sch, last, rows), max(lengths), lanes)
+    if group > 1 and rows > 1:
+        # one row axis per block and intermediate buffer: the stages of a group of rows then
+        # cover exactly its rows (with several row axes their regions covered whole planes)
+        for info in infos[:-1]:
+            _fuse_buffer_rows(sch, info.block_rv, rows)
+        for info in infos:
+            _fuse_row_axes(sch, info.block_rv, rows)
+        rows = 1
     partials = {}
     for info in infos:
         if not info.is_injective():
             partials[id(info)] = _rfactor(sch, info.block_rv, rows, lanes)
     row = sch.fuse(*sch.get_loops(last)[:rows])
+    if group > 1:
+        row, _ = sch.split(row, [None, group])
     if use_parallel(target, work):
         sch.parallel(row)
-    _vector_inner(sch, last, lanes)
+    _vector_inner(sch, last, lanes, _row_length(sch, last, rows) if group > 1 else 0)
     for info in reversed(infos[:-1]):
         sch.compute_at(info.block_rv, row, preserve_unit_loops=True)
         if info.is_injective():
-            _vector_inner(sch, info.block_rv, lanes)
+            length = _row_length(sch, info.block_rv, rows) if group > 1 else 0
+            _vector_inner(sch, info.block_rv, lanes, length)
         elif partials[id(info)] is not None:
             sch.compute_at(partials[id(info)], row, preserve_unit_loops=True)
             _vector_partial(sch, partials[id(info)])
     return True
+
+
+def _row_group(count: int, length: int, lanes: int) -> int:
+    """Rows one loop iteration handles, stage by stage (4, 2 or 1, dividing ``count``); 1 for
+    rows shorter than two vectors, whose reductions stay scalar (:func:`_rfactor`)."""
+    if length < 2 * lanes:
+        return 1
+    for group in (4, 2):
+        if count % group == 0 and group * length <= GROUP_ELEMENTS:
+            return group
+    return 1
 
 
 def _row_count(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, rows: int) -> int:
@@ -247,7 +277,8 @@ def _rfactor(
     if extent < 2 * lanes:
         return None
     _, lane = sch.split(red, [None, lanes])
-    return sch.rfactor(lane, factor_axis=rows)
+    # the lanes last in the partial-result buffer: a group of rows keeps each row's in a vector
+    return sch.rfactor(lane, factor_axis=len(sch.get(block).writes[0].source.shape))
 
 
 def _vector_partial(sch: s_tir.Schedule, partial: s_tir.schedule.SBlockRV) -> None:
@@ -263,14 +294,19 @@ def _vector_partial(sch: s_tir.Schedule, partial: s_tir.schedule.SBlockRV) -> No
     sch.decompose_reduction(partial, chunk)  # the init's copy of the lane loop stays vectorised
 
 
-def _vector_inner(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes: int) -> None:
-    """Vectorise the axes of ``block`` inside the row loop (fused).
+def _vector_inner(
+    sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes: int, row_length: int = 0
+) -> None:
+    """Vectorise the axes of ``block`` inside the row loop (fused). With ``row_length`` (rows
+    handled in groups), only the trailing loops that cover one row of that many elements.
 
     A row that is no multiple of ``lanes`` is left as one plain loop: TVM would scalarise a
     predicated vector loop whole, while LLVM's loop vectoriser adds a scalar tail itself.
     """
     loops = sch.get_loops(block)
     inner = loops[1:] if len(loops) > 1 else []
+    if row_length:
+        inner = _trailing(sch, loops[1:], row_length)
     if not inner:
         return
     fused = sch.fuse(*inner) if len(inner) > 1 else inner[0]
@@ -279,3 +315,44 @@ def _vector_inner(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes: in
         return
     _, vec = sch.split(fused, [None, lanes])
     sch.vectorize(vec)
+
+
+def _fuse_row_axes(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, rows: int) -> None:
+    """Make the ``rows`` leading axes of ``block`` one axis (row-major), the others kept."""
+    extents = [static_extent(iv.dom.extent) for iv in sch.get(block).iter_vars]
+
+    def fuse(*axes):
+        row = axes[0]
+        for axis in range(1, rows):
+            row = row * extents[axis] + axes[axis]
+        return (row, *axes[rows:])
+
+    sch.transform_block_layout(block, tirx.IndexMap.from_func(fuse, ndim=len(extents)))
+
+
+def _fuse_buffer_rows(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, rows: int) -> None:
+    """Make the leading (row) dimensions of the buffer ``block`` writes one dimension."""
+    stmt = sch.get(block)
+    spatial = sum(iv.iter_type == tirx.IterVar.DataPar for iv in stmt.iter_vars)
+    shape = [static_extent(d) for d in stmt.writes[0].source.shape]
+    lead = len(shape) - (spatial - rows)  # the dimensions the row axes index
+
+    def fuse(*dims):
+        row = dims[0]
+        for dim in range(1, lead):
+            row = row * shape[dim] + dims[dim]
+        return (row, *dims[lead:])
+
+    sch.transform_layout(block, ("write", 0), tirx.IndexMap.from_func(fuse, ndim=len(shape)))
+
+
+def _trailing(sch: s_tir.Schedule, loops: list, length: int) -> list:
+    """The innermost of ``loops`` whose extents multiply to ``length`` ([] if none do)."""
+    product = 1
+    for index in range(len(loops) - 1, -1, -1):
+        product *= static_extent(sch.get(loops[index]).extent) or 0
+        if product == length:
+            return loops[index:]
+        if not product or product > length:
+            return []
+    return []
