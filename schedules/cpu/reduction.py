@@ -97,6 +97,8 @@ def _schedule(sch: s_tir.Schedule, target: Target) -> bool:
         _schedule_long_rows(sch, infos, rows, lanes, chunks)
         return True
     group = _row_group(_row_count(sch, last, rows), max(lengths), lanes)
+    if rows > 1 and not all(_writes_intermediate(sch, b.block_rv) for b in infos[:-1]):
+        group = 1  # a stage writes a kernel output, whose layout must stay
     if group > 1 and rows > 1:
         # one row axis per block and intermediate buffer: the stages of a group of rows then
         # cover exactly its rows (with several row axes their regions covered whole planes)
@@ -328,6 +330,13 @@ def _fuse_row_axes(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, rows: in
         return (row, *axes[rows:])
 
     sch.transform_block_layout(block, tirx.IndexMap.from_func(fuse, ndim=len(extents)))
+
+
+def _writes_intermediate(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
+    """Whether ``block`` writes a buffer of the kernel's own (not one of its parameters)."""
+    written = sch.get(block).writes[0].source
+    params = [p for p in sch.mod["main"].params if isinstance(p, tirx.Buffer)]
+    return not any(written.same_as(p) for p in params)
 
 
 def _fuse_buffer_rows(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, rows: int) -> None:
