@@ -19,6 +19,7 @@ from tvm.target import Target
 from tvm.target.codegen import llvm_cpu_has_features
 
 from . import transpose_intrin as transpose
+from .common import param_buffers
 from .matmul_analysis import iter_kinds
 
 # The annotation SplitLayoutRewritePreproc looks for.
@@ -79,7 +80,7 @@ def mark_preproc(sch: s_tir.Schedule, block: SBlockRV, weight: bool = True) -> N
 
 def reads_only_params(sch: s_tir.Schedule, block: SBlockRV) -> bool:
     """Return whether every buffer ``block`` reads is a parameter of the function."""
-    params = [p for p in sch.mod["main"].params if isinstance(p, tirx.Buffer)]
+    params = param_buffers(sch)
     return all(any(r.source.same_as(p) for p in params) for r in sch.get(block).reads)
 
 

@@ -148,6 +148,11 @@ def static_extent(expr: tirx.PrimExpr) -> int | None:
     return int(expr.value) if isinstance(expr, tirx.IntImm) else None
 
 
+def param_buffers(sch: s_tir.Schedule) -> list[tirx.Buffer]:
+    """The buffers among the parameters of the function ``sch`` schedules."""
+    return [p for p in sch.mod["main"].params if isinstance(p, tirx.Buffer)]
+
+
 def all_static(sch: s_tir.Schedule) -> bool:
     """Return whether every block iterator of the function has a constant extent."""
     root = get_root_block(sch)

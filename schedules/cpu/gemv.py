@@ -28,6 +28,7 @@ from .common import (
     inline_epilogue,
     largest_divisor,
     num_cores,
+    param_buffers,
     tile_fma_gemm,
     use_parallel,
     vector_bits,
@@ -106,8 +107,7 @@ def find_gemv_block(sch: s_tir.Schedule, config: GemvConfig) -> SBlockRV | None:
     batch, rows = (_extent(block, kinds, kind) for kind in (IterKind.kIter_S, IterKind.kIter_I))
     if batch != 1 or not 1 <= rows <= config.max_rows:
         return None
-    params = [p for p in sch.mod["main"].params if isinstance(p, tirx.Buffer)]
-    if not any(block.reads[1].source.same_as(p) for p in params):
+    if not any(block.reads[1].source.same_as(p) for p in param_buffers(sch)):
         return None
     return main
 

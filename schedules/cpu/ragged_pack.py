@@ -20,7 +20,7 @@ from tvm.ir.expr import Call
 from tvm.script import tirx as T
 
 from .bf16_common import pack_pairs_intrin, pack_pairs_name
-from .common import static_extent
+from .common import param_buffers, static_extent
 
 _PAIR, _TILE = 2, 32
 
@@ -30,7 +30,7 @@ def ragged_pack(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, native: boo
     tiles through the helper, or None when it is not ``D = guard(B[s, k, j])`` from a compact
     ``B[S, K, J]`` or ``B[K, J]`` of bf16 or fp32."""
     stmt = sch.get(block)
-    params = [p for p in sch.mod["main"].params if isinstance(p, tirx.Buffer)]
+    params = param_buffers(sch)
     if len(params) != 2 or len(stmt.reads) != 1 or len(stmt.writes) != 1:
         return None
     src, dst = stmt.reads[0].source, stmt.writes[0].source

@@ -17,7 +17,14 @@ from tvm.s_tir.dlight.analysis import SBlockInfo, normalize_prim_func
 from tvm.s_tir.schedule import ScheduleError
 from tvm.target import Target
 
-from .common import CPURule, num_cores, static_extent, use_parallel, vector_lanes
+from .common import (
+    CPURule,
+    num_cores,
+    param_buffers,
+    static_extent,
+    use_parallel,
+    vector_lanes,
+)
 from .parallel import row_chunks
 
 # The fewest elements of a row one parallel task of a long-row reduction handles: below this
@@ -335,8 +342,7 @@ def _fuse_row_axes(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, rows: in
 def _writes_intermediate(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
     """Whether ``block`` writes a buffer of the kernel's own (not one of its parameters)."""
     written = sch.get(block).writes[0].source
-    params = [p for p in sch.mod["main"].params if isinstance(p, tirx.Buffer)]
-    return not any(written.same_as(p) for p in params)
+    return not any(written.same_as(p) for p in param_buffers(sch))
 
 
 def _fuse_buffer_rows(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, rows: int) -> None:
