@@ -329,14 +329,7 @@ def _vector_inner(
 def _fuse_row_axes(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, rows: int) -> None:
     """Make the ``rows`` leading axes of ``block`` one axis (row-major), the others kept."""
     extents = [static_extent(iv.dom.extent) for iv in sch.get(block).iter_vars]
-
-    def fuse(*axes):
-        row = axes[0]
-        for axis in range(1, rows):
-            row = row * extents[axis] + axes[axis]
-        return (row, *axes[rows:])
-
-    sch.transform_block_layout(block, tirx.IndexMap.from_func(fuse, ndim=len(extents)))
+    sch.transform_block_layout(block, _leading_fused(extents, rows))
 
 
 def _writes_intermediate(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
@@ -351,14 +344,19 @@ def _fuse_buffer_rows(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, rows:
     spatial = sum(iv.iter_type == tirx.IterVar.DataPar for iv in stmt.iter_vars)
     shape = [static_extent(d) for d in stmt.writes[0].source.shape]
     lead = len(shape) - (spatial - rows)  # the dimensions the row axes index
+    sch.transform_layout(block, ("write", 0), _leading_fused(shape, lead))
 
-    def fuse(*dims):
-        row = dims[0]
-        for dim in range(1, lead):
-            row = row * shape[dim] + dims[dim]
-        return (row, *dims[lead:])
 
-    sch.transform_layout(block, ("write", 0), tirx.IndexMap.from_func(fuse, ndim=len(shape)))
+def _leading_fused(extents: list[int], lead: int) -> tirx.IndexMap:
+    """The index map of ``extents`` that makes the ``lead`` leading axes one (row-major)."""
+
+    def fuse(*axes):
+        row = axes[0]
+        for axis in range(1, lead):
+            row = row * extents[axis] + axes[axis]
+        return (row, *axes[lead:])
+
+    return tirx.IndexMap.from_func(fuse, ndim=len(extents))
 
 
 def _trailing(sch: s_tir.Schedule, loops: list, length: int) -> list:
