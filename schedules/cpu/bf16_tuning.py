@@ -44,20 +44,21 @@ COMPONENT = "tvmamp.schedules.cpu.bf16_matmul_space"
 REGISTER_TILES: tuple[tuple[int, int], ...] = ((8, 2), (6, 4), (4, 4), (12, 2), (14, 2), (4, 6))
 # Column vectors of the GEMV tile (rows <= gemv_rows: batch 1 streams the weight once).
 GEMV_VECTORS: tuple[int, ...] = (2, 4, 8)
-# AMX cache blocks: columns whose packed weight slice stays in L2, reduction values per call.
-AMX_N_BLOCKS: tuple[int, ...] = (256, 512, 1024)
-AMX_K_BLOCKS: tuple[int, ...] = (512, 1024, 2048)
-# AMX from 2 rows (padded to 32): the default keeps GEMMs of fewer than 32 rows on vdpbf16ps,
-# which an Emerald Rapids core runs at 82 GFLOP/s (half its fp32 FMA rate) against 400-900 for
-# AMX at 257 rows or more. Which wins at 2-31 rows is measured by tuning. One row (a GEMV)
-# streams the weight once and stays on vdpbf16ps.
+# AMX cache blocks: columns whose packed weight slice stays in L2 (None: the automatic bound of
+# :func:`.bf16_amx.auto_n_block`, the default), reduction values per call.
+AMX_N_BLOCKS: tuple[int | None, ...] = (None, 128, 256, 512, 1024)
+AMX_K_BLOCKS: tuple[int, ...] = (1024, 2048, 4096)
+# AMX from 2 rows (padded to 32). The default keeps GEMMs of fewer than 8 rows on vdpbf16ps:
+# on Emerald Rapids, AMX and vdpbf16ps ran 4 x 1024 x 4096 at the same speed, and AMX ran 8 to 24
+# rows 1.9-6x faster. Which wins at 2-7 rows is measured by tuning. One row (a GEMV) streams
+# the weight once and stays on vdpbf16ps.
 AMX_FEW_ROWS = 2
 
 
 def tuning_choices(target: Target) -> tuple[CPUMatmulBF16.Config, ...]:
     """Return the configurations tuning chooses from on ``target``, the default one first.
 
-    AMX cache blocks come first where the target has AMX-BF16 (the kernel used for 32 rows or
+    AMX cache blocks come first where the target has AMX-BF16 (the kernel used for 8 rows or
     more), with one choice that uses AMX from 2 rows; then the vdpbf16ps register tiles
     (fewer rows, or no AMX), then the GEMV tiles.
     """

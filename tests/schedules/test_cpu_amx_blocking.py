@@ -13,7 +13,7 @@ from tvm.s_tir import dlight as dl
 
 from tvmamp.pipeline import legalize_passes
 from tvmamp.schedules.cpu import CPUMatmulBF16
-from tvmamp.schedules.cpu.bf16_amx import make_plan
+from tvmamp.schedules.cpu.bf16_amx import WEIGHT_SLICE_BYTES, auto_n_block, make_plan
 from tvmamp.schedules.cpu.bf16_passes import SplitPreproc
 from tvmamp.targets.llvm import _host_flags
 
@@ -35,6 +35,29 @@ def test_plan_balances_k_blocks_and_divides_columns(extents, n_block, k_block, e
     plan = make_plan(extents, n_block, k_block)
     assert (plan.n_block, plan.k_block, plan.k_padded) == expected
     assert plan.k_blocked == (expected[2] > expected[1])
+
+
+@pytest.mark.parametrize(
+    ("extents", "expected"),
+    [
+        ([1, 1024, 1024, 1024], (512, 1024, 1024)),  # 512 columns at most
+        ([1, 1024, 512, 2048], (256, 2048, 2048)),  # K unblocked, a 1 MiB weight slice
+        ([1, 4096, 4096, 4096], (128, 4096, 4096)),
+        ([1, 257, 1024, 4096], (128, 4096, 4096)),
+        ([1, 64, 999, 3000], (128, 3008, 3008)),  # 160 columns fit; 128 divide the padded J
+        ([1, 64, 256, 10000], (128, 3360, 10080)),  # three K blocks of 105 steps
+        ([1, 64, 64, 40000], (64, 4000, 40000)),  # ten K blocks; J has two panels
+    ],
+)
+def test_automatic_column_block_keeps_the_weight_slice_in_l2(extents, expected):
+    plan = make_plan(extents, None, CPUMatmulBF16.Config().amx_k_block)
+    assert (plan.n_block, plan.k_block, plan.k_padded) == expected
+    assert plan.n_block == 32 or plan.n_block * plan.k_block * 2 <= WEIGHT_SLICE_BYTES
+    assert auto_n_block(plan.k_block) >= plan.n_block
+
+
+def test_automatic_column_block_is_at_least_one_panel():
+    assert [auto_n_block(k) for k in (512, 1024, 2048, 8192, 1 << 15)] == [512, 512, 256, 64, 32]
 
 
 @pytest.mark.parametrize(("n_block", "k_block"), [(100, 1024), (512, 0), (512, 48)])

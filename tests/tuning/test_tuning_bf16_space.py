@@ -104,12 +104,14 @@ def test_choices_hold_the_amx_blocks_only_where_amx_exists():
 @pytest.mark.parametrize(
     ("shape", "target", "kernels"),
     [
-        # K = 1024: k_block 1024 and 2048 give the same single block
-        ((512, 1024, 1024), AMX, {"amx": 6, "vdpbf16ps": 6}),
-        ((257, 4096, 1024), AMX, {"amx": 9, "vdpbf16ps": 6}),
+        # K = 1024: every k_block gives one block; the automatic n_block is 512
+        ((512, 1024, 1024), AMX, {"amx": 4, "vdpbf16ps": 6}),
+        # 1, 2 or 4 K blocks, with 4 column blocks each (automatic: 512, 256, 128)
+        ((257, 4096, 1024), AMX, {"amx": 12, "vdpbf16ps": 6}),
         ((64, 96, 80), AMX, {"amx": 1, "vdpbf16ps": 6}),  # J and K below every block
-        # from 2 to 31 rows one choice tries AMX (rows padded to 32)
-        ((16, 768, 3072), AMX, {"amx": 1, "vdpbf16ps": 6}),
+        ((16, 768, 3072), AMX, {"amx": 4, "vdpbf16ps": 6}),  # 8 rows or more: AMX by default
+        # from 2 to 7 rows one choice tries AMX (rows padded to 32)
+        ((6, 768, 3072), AMX, {"amx": 1, "vdpbf16ps": 4}),  # tiles of 6 rows and more: one
         ((2, 256, 512), AMX, {"amx": 1, "vdpbf16ps": 3}),
         ((1, 256, 512), AMX, {"vdpbf16ps": 3}),  # batch 1: no AMX, the GEMV tiles
         ((512, 1024, 1024), VDPBF16PS, {"vdpbf16ps": 6}),
@@ -151,9 +153,9 @@ def test_a_decided_space_builds_with_vdpbf16ps():
     assert "vdpbf16ps" in "".join(m.inspect_source("asm") for m in mods if m.kind == "llvm")
 
 
-def test_a_gemm_of_fewer_than_32_rows_has_an_amx_space_that_builds():
-    """AMX pads the 16 rows to 32; vdpbf16ps runs at half the fp32 FMA rate on Intel cores."""
-    spaces = _spaces(_gemm_func(16, 96, 80), AMX)
+def test_a_gemm_of_fewer_than_8_rows_has_an_amx_space_that_builds():
+    """AMX pads the 6 rows to 32; vdpbf16ps runs at half the fp32 FMA rate on Intel cores."""
+    spaces = _spaces(_gemm_func(6, 96, 80), AMX)
     intrins = [
         str(next(i for i in s.trace.insts if i.kind.name == "Tensorize").attrs[0]) for s in spaces
     ]
