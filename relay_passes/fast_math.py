@@ -51,34 +51,61 @@ _EXP_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
 _EXP_MIN, _EXP_MAX = -87.33, 88.37  # exp stays a normal fp32 number (2^n built from bits)
 
 
+def _exp_of(value):
+    """The expression ``exp(value)`` for an fp32 expression, vectorisable (no libm call)."""
+    v = tirx.max(tirx.min(value, _EXP_MAX), _EXP_MIN)
+    n = tirx.floor(v * _LOG2E + 0.5)
+    r = v - n * _LN2_HI - n * _LN2_LO
+    p = tirx.const(_EXP_POLY[0], "float32")
+    for c in _EXP_POLY[1:]:
+        p = p * r + c
+    poly = (p * r + 0.5) * (r * r) + r + 1.0
+    scale = (n.astype("int32") + 127) << 23
+    return poly * tirx.reinterpret("float32", scale)
+
+
 def _exp(x):
     """``exp(x)`` for fp32 ``x``, vectorisable (no libm call)."""
-
-    def compute(*i):
-        v = tirx.max(tirx.min(x(*i), _EXP_MAX), _EXP_MIN)
-        n = tirx.floor(v * _LOG2E + 0.5)
-        r = v - n * _LN2_HI - n * _LN2_LO
-        p = tirx.const(_EXP_POLY[0], "float32")
-        for c in _EXP_POLY[1:]:
-            p = p * r + c
-        poly = (p * r + 0.5) * (r * r) + r + 1.0
-        scale = (n.astype("int32") + 127) << 23
-        return poly * tirx.reinterpret("float32", scale)
-
-    return te.compute(x.shape, compute, name="exp_fast", tag="elemwise")
+    return te.compute(x.shape, lambda *i: _exp_of(x(*i)), name="exp_fast", tag="elemwise")
 
 
-def _softmax(x, axis):
+def _softmax(x, axis, safe: bool = False):
     """``exp(x - max) / sum(exp(x - max))`` along ``axis`` with the vectorisable exp.
 
     Each reduction is split into a body whose length is a multiple of :data:`_CHUNK` and a
-    tail, so the CPU row-reduction schedule can accumulate the body in SIMD registers.
+    tail, so the CPU row-reduction schedule can accumulate the body in SIMD registers. With
+    ``safe``, a ``-inf`` element gives exactly 0 (the clamped exp gives 1e-38) and a row all
+    ``-inf``, whose sum is then 0, gives zeros instead of NaN. (Its max cannot tell: ``te.max``
+    starts from the lowest finite value, not ``-inf``.)
     """
     axis = axis % len(x.shape)
     peak = _row_reduce(x, axis, te.max, tirx.max)
-    e = _exp(te.compute(x.shape, lambda *i: x(*i) - peak(*i[:axis], *i[axis + 1 :])))
+
+    def row(value, i):
+        return value(*i[:axis], *i[axis + 1 :])
+
+    zero = tirx.const(0, x.dtype)
+    if safe:
+        masked = tirx.const(float("-inf"), x.dtype)
+        e = te.compute(
+            x.shape,
+            lambda *i: tirx.Select(x(*i) == masked, zero, _exp_of(x(*i) - row(peak, i))),
+            name="exp_fast",
+            tag="elemwise",
+        )
+    else:
+        e = _exp(te.compute(x.shape, lambda *i: x(*i) - row(peak, i)))
     total = _row_reduce(e, axis, te.sum, tirx.Add)
-    return te.compute(x.shape, lambda *i: e(*i) / total(*i[:axis], *i[axis + 1 :]))
+    if safe:
+        return te.compute(
+            x.shape, lambda *i: tirx.Select(row(total, i) == zero, zero, e(*i) / row(total, i))
+        )
+    return te.compute(x.shape, lambda *i: e(*i) / row(total, i))
+
+
+def _safe_softmax(x, axis):
+    """:func:`_softmax` that gives zeros for a row of ``-inf`` (see :func:`_safe_softmax_of`)."""
+    return _softmax(x, axis, safe=True)
 
 
 # A row reduction's body is a multiple of 16 elements: one AVX-512 register of fp32.
@@ -130,13 +157,83 @@ FAST = {
 }
 
 
+def _op(expr, bindings: dict, name: str) -> relax.Call | None:
+    """The call of op ``name`` that ``expr`` (a variable, through ``bindings``) is, or None."""
+    expr = bindings.get(expr, expr)
+    if isinstance(expr, relax.Call) and getattr(expr.op, "name", None) == name:
+        return expr
+    return None
+
+
+def _is_zero(expr, bindings: dict) -> bool:
+    """Whether ``expr`` is a scalar constant 0 or ``full_like``/``zeros_like`` of 0."""
+    expr = bindings.get(expr, expr)
+    if isinstance(expr, relax.Call) and getattr(expr.op, "name", None) == "relax.zeros_like":
+        return True
+    if isinstance(expr, relax.Call) and getattr(expr.op, "name", None) == "relax.full_like":
+        expr = expr.args[1]
+    if isinstance(expr, tvm.ir.expr.Constant):
+        value = expr.value.numpy()
+        return value.size == 1 and float(value.reshape(())) == 0.0
+    return False
+
+
+def _safe_softmax_of(call: relax.Call, bindings: dict) -> tuple[relax.Expr, int, str] | None:
+    """``(x, axis, dtype)`` when ``call`` is torch's safe softmax (its probabilities cast to
+    ``dtype``, as mixed precision may do between the softmax and the ``where``), else None.
+
+    PyTorch's attention exports ``where(all(x == -inf, axis), 0, softmax(x, axis))`` with the
+    ``all`` spelled ``not(max(int8(not(x == -inf)), axis, keepdims))``. Left alone, the ``all``
+    is a second kernel that reads the scores again (0.4 ms of a 15 ms transformer layer on
+    Emerald Rapids); the softmax kernel already has the row max, which is ``-inf`` exactly then.
+    """
+    if getattr(call.op, "name", None) != "relax.where" or not _is_zero(call.args[1], bindings):
+        return None
+    probs, dtype = call.args[2], _dtype(call)
+    cast = _op(probs, bindings, "relax.astype")
+    if cast is not None:
+        probs = cast.args[0]
+    softmax = _op(probs, bindings, "relax.nn.softmax")
+    flag = _op(call.args[0], bindings, "relax.logical_not")
+    if softmax is None or flag is None:
+        return None
+    x, rank = softmax.args[0], len(softmax.args[0].ty.shape)
+    axis = int(softmax.attrs.axis) % rank
+    chain = flag.args[0]
+    for name in ("relax.astype", "relax.max", "relax.astype", "relax.logical_not", "relax.equal"):
+        step = _op(chain, bindings, name)
+        if step is None:
+            return None
+        if name == "relax.max":
+            axes = step.attrs.axis
+            if not step.attrs.keepdims or axes is None or [int(a) % rank for a in axes] != [axis]:
+                return None
+        chain = step.args[0] if name != "relax.equal" else step
+    if not chain.args[0].same_as(x) or not isinstance(chain.args[1], tvm.ir.expr.Constant):
+        return None
+    value = chain.args[1].value.numpy()
+    if value.size != 1 or float(value.reshape(())) != float("-inf"):
+        return None
+    return x, axis, dtype
+
+
 @relax.expr_functor.mutator
 class _Rewriter(relax.PyExprMutator):
     def __init__(self, mod: tvm.IRModule, dtypes: tuple[str, ...]):
         super().__init__(mod)
         self.dtypes = dtypes
+        self.bindings: dict = {}  # the original function's variable -> value
+        self.safe_softmaxes = 0
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
+        safe = _safe_softmax_of(call, self.bindings)
+        if safe is not None and _dtype(safe[0]) in self.dtypes:
+            x, axis, dtype = safe
+            self.safe_softmaxes += 1
+            out = self.builder_.call_te(
+                _widened(_safe_softmax), self.visit_expr(x), axis, primfunc_name_hint="softmax_fast"
+            )
+            return out if dtype == _dtype(x) else relax.op.astype(out, dtype)
         call = super().visit_call_(call)
         name = getattr(call.op, "name", None)
         if not call.args or _dtype(call.args[0]) not in self.dtypes:
@@ -207,8 +304,9 @@ def _dtype(expr: relax.Expr) -> str | None:
 
 @tvm.transform.module_pass(opt_level=0, name="tvmamp.FastMath")
 class FastMath:
-    """Rewrite exp, erf, tanh, sigmoid, silu, gelu, gelu_tanh and softmax on ``dtypes`` to
-    fp32 kernels built on TVM's fast (polynomial, vectorisable) exp, erf and tanh,
+    """Rewrite exp, erf, tanh, sigmoid, silu, gelu, gelu_tanh and softmax (with PyTorch's safe
+    softmax, which zeroes rows of ``-inf``, as one kernel) on ``dtypes`` to fp32 kernels built
+    on TVM's fast (polynomial, vectorisable) exp, erf and tanh,
     ``power(x, 2 | 3 | 4)`` to multiplies, and quarter powers (``x ** 0.75``) to square roots
     and multiplies.
 
@@ -234,8 +332,25 @@ class FastMath:
         rewriter = _Rewriter(mod, self.dtypes)
         for gvar, func in mod.functions_items():
             if isinstance(func, relax.Function):
+                rewriter.bindings = _bindings(func)
                 rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
-        return rewriter.builder_.get()
+        mod = rewriter.builder_.get()
+        if rewriter.safe_softmaxes:  # each left its separate softmax and all(-inf) check unused
+            mod = relax.transform.DeadCodeElimination()(mod)
+        return mod
+
+
+def _bindings(func: relax.Function) -> dict:
+    """Variable -> bound value of every binding in ``func``'s body."""
+    body = func.body
+    if not isinstance(body, relax.SeqExpr):
+        return {}
+    return {
+        b.var: b.value
+        for block in body.blocks
+        for b in block.bindings
+        if isinstance(b, relax.VarBinding)
+    }
 
 
 def LowPrecisionFastMath() -> FastMath:  # noqa: N802 (kept as the pass's former class name)

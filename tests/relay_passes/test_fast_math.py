@@ -197,3 +197,74 @@ def test_softmax_over_a_symbolic_axis(level):
         a = rng.standard_normal(shape).astype("float32")
         ref = np.exp(a - a.max(-1, keepdims=True))
         np.testing.assert_allclose(exe(a), ref / ref.sum(-1, keepdims=True), rtol=1e-5, atol=1e-6)
+
+
+SAFE_SHAPE = (2, 3, 8, 48)
+
+
+def _safe_softmax_module(cast=None, fill=float("-inf"), max_axis=-1):
+    """PyTorch's export of attention's safe softmax, one binding per op, as ``from_torch`` gives
+    it: ``where(not(max(int8(not(x == fill)), -1)), 0, softmax(x, -1))``, the probabilities
+    cast to ``cast`` before the ``where`` when given (as mixed precision inserts)."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(SAFE_SHAPE, "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            soft = bb.emit(relax.op.nn.softmax(x, axis=-1))
+            if cast is not None:
+                soft = bb.emit(relax.op.astype(soft, cast))
+            flag = bb.emit(relax.op.equal(x, relax.const(fill, "float32")))
+            flag = bb.emit(relax.op.logical_not(flag))
+            flag = bb.emit(relax.op.astype(flag, "int8"))
+            flag = bb.emit(relax.op.max(flag, axis=[max_axis], keepdims=True))
+            flag = bb.emit(relax.op.astype(flag, "bool"))
+            flag = bb.emit(relax.op.logical_not(flag))
+            zeros = bb.emit(relax.op.full_like(soft, relax.const(0.0, cast or "float32")))
+            out = bb.emit_output(relax.op.where(flag, zeros, soft))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize("cast", [None, "bfloat16"])
+def test_safe_softmax_becomes_one_kernel(cast):
+    """The ``all(x == -inf)`` check is the softmax kernel's own row max: no second reduction."""
+    after = FastMath()(_safe_softmax_module(cast))
+    ops = set(_ops(after))
+    assert not {"relax.where", "relax.equal", "relax.max", "relax.nn.softmax"} & ops
+    (kernel,) = [gv.name_hint for gv in after.get_global_vars() if gv.name_hint != "main"]
+    assert kernel.startswith("softmax_fast")
+    assert ("relax.astype" in ops) == (cast is not None)
+    relax.analysis.well_formed(after)  # raises when it is not
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        _safe_softmax_module(fill=-1e4),  # another fill value: a different function
+        _safe_softmax_module(max_axis=2),  # the check over another axis than the softmax's
+    ],
+    ids=["fill", "axis"],
+)
+def test_look_alike_of_safe_softmax_keeps_its_where(module):
+    ops = set(_ops(FastMath()(module)))
+    assert {"relax.where", "relax.equal", "relax.max"} <= ops
+
+
+@pytest.mark.parametrize("cast", [None, "bfloat16"])
+def test_safe_softmax_zeroes_rows_of_minus_inf(cast):
+    """Rows all ``-inf`` give 0 (a plain softmax gives NaN); partly masked rows their softmax."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(SAFE_SHAPE).astype("float32")
+    x[0, 1, 3] = -np.inf  # a fully masked row
+    x[1, 2, :, 40:] = -np.inf  # padding: the last 8 keys of every row of one head
+    x[1, 0, 5, ::3] = -np.inf
+    out = tvmamp.build(_safe_softmax_module(cast), "O0", "llvm")(x)
+    finite = np.where(np.isinf(x), -np.inf, x.astype("float64"))
+    peak = finite.max(-1, keepdims=True)
+    soft = np.exp(finite - np.where(np.isinf(peak), 0, peak))
+    total = soft.sum(-1, keepdims=True)
+    ref = np.divide(soft, total, out=np.zeros_like(soft), where=total > 0)
+    assert not np.isnan(np.asarray(out, "float32")).any()
+    assert np.all(np.asarray(out, "float32")[0, 1, 3] == 0)
+    rtol = 1e-5 if cast is None else 2 * 2.0**-8
+    np.testing.assert_allclose(np.asarray(out, "float32"), ref, rtol=rtol, atol=1e-7)
