@@ -15,12 +15,19 @@ from .parallel import divisors
 
 TILE_ROWS = 16  # rows of one A tile
 TILE_K = amx_intrin.K_STEP  # bf16 values of K in one A tile row (64 bytes)
-# The automatic column block (``n_block=None``): at most AUTO_N_BLOCK columns, and a packed
+# The automatic blocks (``n_block=None``). Rows whose K-blocked fp32 accumulator (padded rows x
+# at most AUTO_N_BLOCK columns) fits ACCUMULATOR_BYTES take K blocks of at most SHORT_K_BLOCK and
+# AUTO_N_BLOCK columns. More rows take K blocks as long as ``k_block`` allows, with a packed
 # weight slice (K block x columns, bf16) of at most WEIGHT_SLICE_BYTES, half the 2 MiB L2 of
-# Sapphire and Emerald Rapids. Measured on Emerald Rapids, one thread, K unblocked: 1024 x 2048
-# x 512 ran at 869 GFLOP/s with 256 columns (1 MiB) against 568 with 512 (2 MiB), and 4096^3 at
-# 900 with 128 columns against 587 with 256; K blocks of 1024 (the old plan) gave 647 and 533.
+# Sapphire and Emerald Rapids. Measured on Emerald Rapids, one thread: 1024 x 2048 x 512 ran at
+# 869 GFLOP/s with K unblocked and 256 columns (1 MiB) against 568 with 512 (2 MiB) and 647
+# with K blocks of 1024 (a 2 MiB accumulator); 4096^3 at 900 with 128 columns against 587 with
+# 256 and 533 K-blocked; 257 x 4096 x 1024 at 439 / 542 (W constant / at run time) against
+# 359 / 507 K-blocked. With 128-197 rows (BERT's and ViT's K = 1536 GEMMs, a 192-344 KiB
+# accumulator) the two plans measured within noise end to end, so those keep K blocks of 1024.
 AUTO_N_BLOCK = 512
+SHORT_K_BLOCK = 1024
+ACCUMULATOR_BYTES = 512 << 10
 WEIGHT_SLICE_BYTES = 1 << 20
 
 
@@ -57,8 +64,9 @@ def make_plan(extents: list[int], n_block: int | None, k_block: int, cores: int 
     """Choose the blocks for ``extents = [S, I, J, K]`` and the ``n_block``/``k_block`` bounds.
 
     ``K`` is cut into the fewest blocks of at most ``k_block`` values, balanced so that padding
-    ``K`` to whole blocks adds less than one 32-step per block. ``n_block=None`` bounds the
-    column block by :func:`auto_n_block` of that K block. The column block and the row chunks
+    ``K`` to whole blocks adds less than one 32-step per block. ``n_block=None`` chooses both
+    bounds (see ``ACCUMULATOR_BYTES``): K blocks of at most 1024 and 512 columns for few rows,
+    else ``k_block`` and :func:`auto_n_block` of that K block. The column block and the row chunks
     come from :func:`_parallel_blocks`: on one core, the largest number of 32-column panels that
     divides the padded ``J`` and fits the bound, with the rows uncut.
     """
@@ -67,6 +75,8 @@ def make_plan(extents: list[int], n_block: int | None, k_block: int, cores: int 
             continue
         if value < amx_intrin.COLS or value % amx_intrin.COLS:
             raise ValueError(f"tvmamp.schedules: {name}={value} is not a positive multiple of 32")
+    if n_block is None and _short_k_blocks(extents):
+        n_block, k_block = AUTO_N_BLOCK, min(k_block, SHORT_K_BLOCK)
     steps = -(-extents[3] // TILE_K)
     blocks = -(-steps // (k_block // TILE_K))
     block_steps = -(-steps // blocks)
@@ -79,6 +89,13 @@ def make_plan(extents: list[int], n_block: int | None, k_block: int, cores: int 
         k_padded=blocks * block_steps * TILE_K,
         row_chunks=row_chunks,
     )
+
+
+def _short_k_blocks(extents: list[int]) -> bool:
+    """Whether the fp32 accumulator of K-blocked ``extents`` fits ``ACCUMULATOR_BYTES``."""
+    rows = -(-extents[1] // amx_intrin.ROWS) * amx_intrin.ROWS
+    cols = min(AUTO_N_BLOCK, -(-extents[2] // amx_intrin.COLS) * amx_intrin.COLS)
+    return rows * cols * 4 <= ACCUMULATOR_BYTES
 
 
 def auto_n_block(k_block: int) -> int:

@@ -76,8 +76,9 @@ class CPUMatmulBF16(CPURule):
             Rapids AMX ran 8 to 24 rows 1.9-6x faster than ``vdpbf16ps``, and 4 rows equally.
         amx_n_block : int or None
             AMX: columns (a multiple of 32) whose packed weight slice stays in cache while
-            every 32-row block of the activation walks it. None: at most 512, and fewer for
-            a long ``K`` so that the slice stays at 1 MiB (:func:`.bf16_amx.auto_n_block`).
+            every 32-row block of the activation walks it. None: at most 512 with K blocks
+            of at most 1024 where their fp32 accumulator fits 512 KiB, else K blocks up to
+            ``amx_k_block`` and a 1 MiB weight slice (:func:`.bf16_amx.make_plan`).
         amx_k_block : int
             AMX: reduction values (a multiple of 32) per kernel call; a longer ``K`` is cut
             into blocks that accumulate in memory.
