@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 
 import tvm
+import tvm_ffi
 from tvm import relax, te, tirx, topi
 
 LOW_DTYPES = ("float16", "bfloat16")
@@ -166,11 +167,12 @@ def _op(expr, bindings: dict, name: str) -> relax.Call | None:
 
 
 def _is_zero(expr, bindings: dict) -> bool:
-    """Whether ``expr`` is a scalar constant 0 or ``full_like``/``zeros_like`` of 0."""
+    """Whether ``expr`` is a constant 0, ``zeros[_like]`` or ``full[_like]`` of 0."""
     expr = bindings.get(expr, expr)
-    if isinstance(expr, relax.Call) and getattr(expr.op, "name", None) == "relax.zeros_like":
+    name = getattr(expr.op, "name", None) if isinstance(expr, relax.Call) else None
+    if name in ("relax.zeros", "relax.zeros_like"):
         return True
-    if isinstance(expr, relax.Call) and getattr(expr.op, "name", None) == "relax.full_like":
+    if name in ("relax.full", "relax.full_like"):
         expr = expr.args[1]
     if isinstance(expr, tvm.ir.expr.Constant):
         value = expr.value.numpy()
@@ -197,6 +199,8 @@ def _safe_softmax_of(call: relax.Call, bindings: dict) -> tuple[relax.Expr, int,
     flag = _op(call.args[0], bindings, "relax.logical_not")
     if softmax is None or flag is None:
         return None
+    if not tvm_ffi.structural_equal(call.ty.shape, softmax.ty.shape):
+        return None  # the zeros broadcast the result to a larger shape
     x, rank = softmax.args[0], len(softmax.args[0].ty.shape)
     axis = int(softmax.attrs.axis) % rank
     chain = flag.args[0]

@@ -202,7 +202,7 @@ def test_softmax_over_a_symbolic_axis(level):
 SAFE_SHAPE = (2, 3, 8, 48)
 
 
-def _safe_softmax_module(cast=None, fill=float("-inf"), max_axis=-1):
+def _safe_softmax_module(cast=None, fill=float("-inf"), max_axis=-1, zeros_shape=SAFE_SHAPE):
     """PyTorch's export of attention's safe softmax, one binding per op, as ``from_torch`` gives
     it: ``where(not(max(int8(not(x == fill)), -1)), 0, softmax(x, -1))``, the probabilities
     cast to ``cast`` before the ``where`` when given (as mixed precision inserts)."""
@@ -219,7 +219,7 @@ def _safe_softmax_module(cast=None, fill=float("-inf"), max_axis=-1):
             flag = bb.emit(relax.op.max(flag, axis=[max_axis], keepdims=True))
             flag = bb.emit(relax.op.astype(flag, "bool"))
             flag = bb.emit(relax.op.logical_not(flag))
-            zeros = bb.emit(relax.op.full_like(soft, relax.const(0.0, cast or "float32")))
+            zeros = bb.emit(relax.op.full(zeros_shape, relax.const(0.0, cast or "float32")))
             out = bb.emit_output(relax.op.where(flag, zeros, soft))
         bb.emit_func_output(out)
     return bb.get()
@@ -242,8 +242,9 @@ def test_safe_softmax_becomes_one_kernel(cast):
     [
         _safe_softmax_module(fill=-1e4),  # another fill value: a different function
         _safe_softmax_module(max_axis=2),  # the check over another axis than the softmax's
+        _safe_softmax_module(zeros_shape=(4, *SAFE_SHAPE)),  # zeros that broadcast the result
     ],
-    ids=["fill", "axis"],
+    ids=["fill", "axis", "broadcast"],
 )
 def test_look_alike_of_safe_softmax_keeps_its_where(module):
     ops = set(_ops(FastMath()(module)))
