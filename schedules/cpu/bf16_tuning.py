@@ -44,8 +44,8 @@ COMPONENT = "tvmamp.schedules.cpu.bf16_matmul_space"
 REGISTER_TILES: tuple[tuple[int, int], ...] = ((8, 2), (6, 4), (4, 4), (12, 2), (14, 2), (4, 6))
 # Column vectors of the GEMV tile (rows <= gemv_rows: batch 1 streams the weight once).
 GEMV_VECTORS: tuple[int, ...] = (2, 4, 8)
-# AMX cache blocks: columns whose packed weight slice stays in L2 (None: the automatic bound of
-# :func:`.bf16_amx.auto_n_block`, the default), reduction values per call.
+# AMX cache blocks: columns whose packed weight slice stays in L2 (None: the automatic blocks of
+# :func:`.bf16_amx.make_plan`, the default), reduction values per call.
 AMX_N_BLOCKS: tuple[int | None, ...] = (None, 128, 256, 512, 1024)
 AMX_K_BLOCKS: tuple[int, ...] = (1024, 2048, 4096)
 # AMX from 2 rows (padded to 32). The default keeps GEMMs of fewer than 8 rows on vdpbf16ps:
