@@ -223,12 +223,18 @@ def design_space(mod: tvm.IRModule, target: tvm.target.Target) -> DesignSpace:
     get meta_schedule's own space.
     """
     from tvmamp.schedules.cpu import has_avx512bf16
-    from tvmamp.schedules.cpu.bf16_tuning import bf16_matmul_spaces, distinct_choices, is_bf16_gemm
+    from tvmamp.schedules.cpu.bf16_tuning import (
+        bf16_matmul_spaces,
+        distinct_choices,
+        is_bf16_gemm,
+        space_version,
+    )
 
     func = mod["main"]
     if not has_avx512bf16(target) or not is_bf16_gemm(func, target):
         return DEFAULT_SPACE
-    return DesignSpace(BF16_SPACE, len(distinct_choices(func, target)), bf16_matmul_spaces)
+    name = f"{BF16_SPACE}:{space_version(target)}"  # a log from another version is not replayed
+    return DesignSpace(name, len(distinct_choices(func, target)), bf16_matmul_spaces)
 
 
 def register_log_intrinsics(records_text: str) -> None:

@@ -26,7 +26,9 @@ class DesignSpace:
     Attributes
     ----------
     name : str
-        Recorded in the tuning log's manifest ("post-order-apply", "bf16-gemm").
+        Recorded in the tuning log's manifest ("post-order-apply", "bf16-gemm:<digest>"); a
+        target's own space changes its name when its candidates change, so that the loader
+        does not replay a record of an older space.
     size : int or None
         How many distinct candidates the space holds, when the target knows; such a space is
         enumerated, each candidate measured once, and a task gets at most ``size`` trials.

@@ -23,6 +23,7 @@ time.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 
 import tvm
@@ -77,6 +78,13 @@ def tuning_choices(target: Target) -> tuple[CPUMatmulBF16.Config, ...]:
     ]
     choices += [dataclasses.replace(base, gemv_vectors_j=v) for v in GEMV_VECTORS]
     return tuple(c for i, c in enumerate(choices) if c not in choices[:i])  # equal ones collapse
+
+
+def space_version(target: Target) -> str:
+    """A digest of :func:`tuning_choices` on ``target``: a tuning record holds the index of its
+    configuration in that list, so records replay as the tuned kernels only while it is equal."""
+    text = repr(tuning_choices(target)).encode()
+    return hashlib.sha256(text).hexdigest()[:8]
 
 
 def plan_key(extents: list[int], target: Target, config: CPUMatmulBF16.Config) -> tuple:

@@ -17,6 +17,7 @@ from tvmamp.schedules.cpu.bf16_tuning import (
     distinct_choices,
     gemm_extents,
     plan_key,
+    space_version,
     tuning_choices,
 )
 from tvmamp.schedules.intrin_loader import only_target_intrinsics
@@ -26,6 +27,7 @@ from tvmamp.targets.llvm import BF16_SPACE
 from tvmamp.tuning.callbacks import module_key
 from tvmamp.tuning.grid_search import EnumerateSpaces, decision_of
 from tvmamp.tuning.intrinsics import register_log_intrinsics
+from tvmamp.tuning.loader import _stale_space
 from tvmamp.tuning.tasks import Task, extract_tasks, split_budget
 
 # sapphirerapids: avx512_bf16 and AMX-BF16; znver4: avx512_bf16 only; skylake-avx512: neither.
@@ -65,7 +67,7 @@ def test_bf16_matmul_tasks_get_the_bf16_space_and_others_keep_the_default():
     gemms = [n for n in spaces if "matmul" in n]
     assert len(gemms) == 2 and len(spaces) > 2
     for name, (space, size, generator) in spaces.items():
-        expected = BF16_SPACE if name in gemms else DEFAULT_SPACE.name
+        expected = f"{BF16_SPACE}:{space_version(AMX)}" if name in gemms else DEFAULT_SPACE.name
         assert space == expected, (name, space)
         assert (size is not None and size > 1) if name in gemms else size is None
         assert (generator is bf16_matmul_spaces) if name in gemms else generator is None
@@ -73,6 +75,20 @@ def test_bf16_matmul_tasks_get_the_bf16_space_and_others_keep_the_default():
     with pytest.warns(UserWarning, match="no avx512_bf16"):
         plain = extract_tasks(tvmamp.convert(mod, "O2", NO_BF16, "bfloat16", params))
     assert {t.space for t in plain} == {DEFAULT_SPACE.name}
+
+
+def test_records_of_another_space_version_are_not_replayed():
+    """A record holds the index of its configuration in :func:`tuning_choices`: one tuned when
+    that list was another (its space name says so) would replay as another configuration."""
+    mod, params = models.simple_net(batch=64, hidden=128, layers=1, seed=1)
+    converted = tvmamp.convert(mod, "O2", AMX, "bfloat16", params)
+    (gemm,) = [t for t in extract_tasks(converted) if "matmul" in t.name]
+    assert _stale_space({"name": gemm.name, "space": gemm.space}, gemm.mod, converted) is None
+    note = _stale_space({"name": gemm.name, "space": BF16_SPACE}, gemm.mod, converted)
+    assert note.startswith(f"kept the default schedule of {gemm.name}") and gemm.space in note
+    other = {"name": "x", "space": DEFAULT_SPACE.name}  # meta_schedule's own space: not checked
+    assert _stale_space(other, gemm.mod, converted) is None
+    assert space_version(AMX) != space_version(VDPBF16PS)  # AMX adds choices
 
 
 def test_budget_beyond_a_space_goes_to_the_other_tasks():

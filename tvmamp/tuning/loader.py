@@ -8,6 +8,8 @@ import os
 
 from tvm import tirx
 
+from tvmamp.targets import DEFAULT_SPACE
+
 from . import logfile
 from .intrinsics import register_log_intrinsics
 from .manifest import SOFT_TARGET_KEYS, Manifest, compare, read_manifest
@@ -75,7 +77,7 @@ def open_tuning_log(path, converted, override: bool = False) -> TuningLog:
     scan = logfile.check_complete(path, COMPONENT)
     register_log_intrinsics(path)
     _check_record_targets(path, manifest, scan)
-    database, kept = _best_records(path, manifest)
+    database, kept = _best_records(path, manifest, converted)
     return TuningLog(path, database, notes + kept, converted.target)
 
 
@@ -129,20 +131,29 @@ def _check_record_targets(path: str, manifest: Manifest, scan) -> None:
             )
 
 
-def _best_records(path: str, manifest: Manifest):
+def _best_records(path: str, manifest: Manifest, converted):
     """The log's best valid record per kernel, in a MemoryDatabase, and notes.
 
     A kernel whose default schedule was timed faster than its best tuned record during tuning
     keeps the default (its record is left out), so applying a log never makes a build slower.
+    So does a kernel tuned in another version of a target's own design space (its recorded
+    space name differs from the one the target gives it now): its record holds the index of a
+    candidate in a list that has changed since, and would replay as another candidate.
     """
     from tvm.s_tir import meta_schedule as ms
 
     pruned = ms.database.MemoryDatabase()
     _open_json_database(path).dump_pruned(pruned)
     defaults = {t.get("workload"): t for t in manifest.tasks if t.get("default_ms") is not None}
+    spaces = {t.get("workload"): t for t in manifest.tasks}
     database, notes = ms.database.MemoryDatabase(), []
     for record in pruned.get_all_tuning_records():
-        task = defaults.get(str(record.workload.as_json()[0]))
+        key = str(record.workload.as_json()[0])
+        stale = _stale_space(spaces.get(key), record.workload.mod, converted)
+        if stale is not None:
+            notes.append(stale)
+            continue
+        task = defaults.get(key)
         secs = sorted(float(s) for s in record.run_secs)
         best_ms = secs[len(secs) // 2] * 1e3
         if task is not None and task["default_ms"] < best_ms:
@@ -158,6 +169,19 @@ def _best_records(path: str, manifest: Manifest):
             )
         )
     return database, notes
+
+
+def _stale_space(task: dict | None, mod, converted) -> str | None:
+    """A note when ``task`` was tuned in another version of its target's own design space."""
+    if task is None or task.get("space", DEFAULT_SPACE.name) == DEFAULT_SPACE.name:
+        return None
+    now = converted.entry.design_space(mod, converted.target).name
+    if task["space"] == now:
+        return None
+    return (
+        f"kept the default schedule of {task.get('name', '?')}: it was tuned in design space "
+        f"{task['space']!r}, and this tvmamp's is {now!r} (its candidates changed); tune again"
+    )
 
 
 def _open_json_database(path: str):

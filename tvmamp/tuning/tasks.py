@@ -31,8 +31,8 @@ class Task:
         The trials this task gets out of the total budget.
     space : str
         Its design space's name, from the target entry's ``design_space``: "post-order-apply"
-        (meta_schedule's rules, evolutionary search) or the target's own ("bf16-gemm": tvmamp's
-        vdpbf16ps/AMX configurations on CPUs with avx512_bf16).
+        (meta_schedule's rules, evolutionary search) or the target's own
+        ("bf16-gemm:<digest>": tvmamp's vdpbf16ps/AMX configurations on CPUs with avx512_bf16).
     space_size : int or None
         How many distinct candidates the space holds when that is known (the most trials the
         task can use), else None.
