@@ -269,3 +269,27 @@ def test_safe_softmax_zeroes_rows_of_minus_inf(cast):
     assert np.all(np.asarray(out, "float32")[0, 1, 3] == 0)
     rtol = 1e-5 if cast is None else 2 * 2.0**-8
     np.testing.assert_allclose(np.asarray(out, "float32"), ref, rtol=rtol, atol=1e-7)
+
+
+@pytest.mark.parametrize("level", ["O0", "O2"])
+def test_attention_with_a_fully_masked_query_matches_torch(rng, level):
+    """torch's ``scaled_dot_product_attention`` gives 0 for a query that may attend to nothing
+    (its safe softmax); the build does too, through ``from_torch``, with no NaN."""
+    import torch
+    import torch.nn.functional as F
+
+    class Attention(torch.nn.Module):
+        def forward(self, q, k, v, mask):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    q, k, v = (rng.standard_normal((2, 4, 16, 32)).astype("float32") for _ in range(3))
+    mask = np.tril(np.ones((16, 16), bool))
+    mask[5] = False
+    args = [torch.from_numpy(a) for a in (q, k, v, mask)]
+    with torch.inference_mode():
+        ref = Attention()(*args).numpy()
+    mod, _ = tvmamp.from_torch(Attention(), tuple(args))
+    out = np.asarray(tvmamp.build(mod, level, "llvm", dtype="bfloat16")(q, k, v, mask), "float32")
+    assert not np.isnan(out).any()
+    assert np.all(out[:, :, 5] == 0) and np.all(ref[:, :, 5] == 0)
+    assert_close(out, ref, **tolerance("float32" if level == "O0" else "bfloat16"))
