@@ -19,6 +19,8 @@ import tvm
 import tvm_ffi
 from tvm import relax, te, tirx, topi
 
+from .bindings import bound_values, call_of, scalar_constant
+
 LOW_DTYPES = ("float16", "bfloat16")
 
 
@@ -160,10 +162,7 @@ FAST = {
 
 def _op(expr, bindings: dict, name: str) -> relax.Call | None:
     """The call of op ``name`` that ``expr`` (a variable, through ``bindings``) is, or None."""
-    expr = bindings.get(expr, expr)
-    if isinstance(expr, relax.Call) and getattr(expr.op, "name", None) == name:
-        return expr
-    return None
+    return call_of(bindings.get(expr, expr), tvm.ir.Op.get(name))
 
 
 def _is_zero(expr, bindings: dict) -> bool:
@@ -213,10 +212,7 @@ def _safe_softmax_of(call: relax.Call, bindings: dict) -> tuple[relax.Expr, int,
             if not step.attrs.keepdims or axes is None or [int(a) % rank for a in axes] != [axis]:
                 return None
         chain = step.args[0] if name != "relax.equal" else step
-    if not chain.args[0].same_as(x) or not isinstance(chain.args[1], tvm.ir.expr.Constant):
-        return None
-    value = chain.args[1].value.numpy()
-    if value.size != 1 or float(value.reshape(())) != float("-inf"):
+    if not chain.args[0].same_as(x) or scalar_constant(chain.args[1]) != float("-inf"):
         return None
     return x, axis, dtype
 
@@ -267,10 +263,8 @@ def _small_power(call: relax.Call) -> relax.Expr:
     quarter power (``0.75``, ``-0.5``, ``1.25``) built from square roots (each correctly rounded,
     the result within a few ulp of ``powf``; NaN for a negative ``x``, as ``powf``)."""
     base, exponent = call.args
-    if not isinstance(exponent, tvm.ir.expr.Constant) or exponent.value.numpy().size != 1:
-        return call
-    value = float(exponent.value.numpy().reshape(()))
-    if _dtype(exponent) != _dtype(base):
+    value = scalar_constant(exponent)
+    if value is None or _dtype(exponent) != _dtype(base):
         return call
     if value in SMALL_POWERS:
         out = base
@@ -336,25 +330,12 @@ class FastMath:
         rewriter = _Rewriter(mod, self.dtypes)
         for gvar, func in mod.functions_items():
             if isinstance(func, relax.Function):
-                rewriter.bindings = _bindings(func)
+                rewriter.bindings = bound_values(func)
                 rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
         mod = rewriter.builder_.get()
         if rewriter.safe_softmaxes:  # each left its separate softmax and all(-inf) check unused
             mod = relax.transform.DeadCodeElimination()(mod)
         return mod
-
-
-def _bindings(func: relax.Function) -> dict:
-    """Variable -> bound value of every binding in ``func``'s body."""
-    body = func.body
-    if not isinstance(body, relax.SeqExpr):
-        return {}
-    return {
-        b.var: b.value
-        for block in body.blocks
-        for b in block.bindings
-        if isinstance(b, relax.VarBinding)
-    }
 
 
 def LowPrecisionFastMath() -> FastMath:  # noqa: N802 (kept as the pass's former class name)
