@@ -43,6 +43,16 @@ def gelu_like(a: T.Buffer((7, 9), "bfloat16"), out: T.Buffer((7, 9), "float32"))
             )
 
 
+@T.prim_func(s_tir=True)
+def repeated_term(a: T.Buffer((5, 8), "float32"), out: T.Buffer((5, 8), "float32")):
+    for i, j in T.grid(5, 8):
+        with T.sblock("out"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            out[vi, vj] = (a[vi, vj] * T.float32(2) + T.float32(1)) * (
+                a[vi, vj] * T.float32(2) + T.float32(1)
+            ) + (a[vi, vj] * T.float32(2) + T.float32(1))
+
+
 def test_matmul_flops_are_two_m_n_k_once_the_shape_is_bound():
     cost = func_cost("matmul", matmul)
     assert cost.flops is None  # n is symbolic until a call binds it
@@ -52,6 +62,11 @@ def test_matmul_flops_are_two_m_n_k_once_the_shape_is_bound():
 
 def test_elementwise_flops_count_arithmetic_and_math_calls_not_casts():
     assert func_cost("gelu_like", gelu_like).flops == 7 * 9 * 4  # tanh, *, +, max
+
+
+def test_a_repeated_subexpression_counts_once():
+    """``t * t + t`` with ``t = 2a + 1``: 4 FLOPs, as compiled (TE inlining repeats ``t``)."""
+    assert func_cost("repeated_term", repeated_term).flops == 5 * 8 * 4
 
 
 @pytest.mark.parametrize("groups,stride", [(1, 1), (3, 2)])

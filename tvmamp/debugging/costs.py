@@ -2,11 +2,12 @@
 
 A kernel's FLOPs are counted by walking its TIR: every floating-point ``+ - * /``, ``min``/
 ``max`` and math intrinsic (``exp``, ``tanh``, ``sqrt``, ...; one FLOP each, ``fma`` two) in a
-buffer store, times the number of times the store runs (the product of its enclosing loop
-extents; a reduction block's ``init`` runs once per spatial point). Index arithmetic, casts,
-comparisons and selects are not FLOPs. A matmul ``C[i, j] += A[i, k] * B[k, j]`` thus counts
-``2 * M * N * K``. Extents that are shape variables stay symbolic until the kernel's runtime
-arguments bind them (:meth:`KernelCost.flops_for`).
+buffer store (a repeated subexpression once), times the number of times the store runs (the
+product of its enclosing loop extents; a reduction block's ``init`` runs once per spatial
+point). Index arithmetic, casts, comparisons and selects are not FLOPs. A matmul
+``C[i, j] += A[i, k] * B[k, j]`` thus counts ``2 * M * N * K``. Extents that are shape
+variables stay symbolic until the kernel's runtime arguments bind them
+(:meth:`KernelCost.flops_for`).
 
 The kernels are counted as phases 1-2 of the pipeline leave them (legalized and fused, not yet
 scheduled): scheduling keeps a kernel's arithmetic, but tensorized blocks hide it.
@@ -21,6 +22,7 @@ import contextlib
 import dataclasses
 
 import tvm
+import tvm_ffi
 from tvm import s_tir, tirx
 
 from tvmamp.conversion import Converted
@@ -45,21 +47,32 @@ def _is_float(dtype) -> bool:
     return str(dtype).startswith(("float", "bfloat"))
 
 
-def expr_flops(expr) -> int:
-    """Floating-point operations of one evaluation of ``expr`` (vector lanes counted)."""
+def expr_flops(expr, seen: set | None = None) -> int:
+    """Floating-point operations of one evaluation of ``expr`` (vector lanes counted).
+
+    A subexpression that occurs more than once (the argument of a polynomial exp, repeated
+    in each of its terms by TE inlining) is counted once, as the compiled code computes it.
+    """
+    seen = set() if seen is None else seen
+    if isinstance(expr, (_BINARY, tvm.ir.expr.Call, tirx.Cast, tirx.Broadcast, tirx.Select)):
+        key = tvm_ffi.structural_hash(expr)
+        if key in seen:
+            return 0
+        seen.add(key)
     if isinstance(expr, _BINARY):
         own = _lanes(expr) if _is_float(expr.ty.dtype) else 0
-        return own + expr_flops(expr.a) + expr_flops(expr.b)
+        return own + expr_flops(expr.a, seen) + expr_flops(expr.b, seen)
     if isinstance(expr, tvm.ir.expr.Call):
         name = expr.op.name if isinstance(expr.op, tvm.ir.Op) else ""
         own = 0
         if name in _MATH and _is_float(expr.ty.dtype):
             own = _lanes(expr) * (2 if name == "tirx.fma" else 1)
-        return own + sum(expr_flops(a) for a in expr.args)
+        return own + sum(expr_flops(a, seen) for a in expr.args)
     if isinstance(expr, (tirx.Cast, tirx.Broadcast)):
-        return expr_flops(expr.value)
+        return expr_flops(expr.value, seen)
     if isinstance(expr, tirx.Select):
-        return sum(expr_flops(e) for e in (expr.condition, expr.true_value, expr.false_value))
+        parts = (expr.condition, expr.true_value, expr.false_value)
+        return sum(expr_flops(e, seen) for e in parts)
     return 0  # loads, immediates, variables, comparisons on indices
 
 
