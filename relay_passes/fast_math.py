@@ -20,6 +20,7 @@ import tvm_ffi
 from tvm import relax, te, tirx, topi
 
 from .bindings import bound_values, call_of, scalar_constant
+from .gemm_softmax import ROW_SOFTMAX
 
 LOW_DTYPES = ("float16", "bfloat16")
 
@@ -231,7 +232,11 @@ class _Rewriter(relax.PyExprMutator):
             x, axis, dtype = safe
             self.safe_softmaxes += 1
             out = self.builder_.call_te(
-                _widened(_safe_softmax), self.visit_expr(x), axis, primfunc_name_hint="softmax_fast"
+                _widened(_safe_softmax),
+                self.visit_expr(x),
+                axis,
+                primfunc_name_hint="softmax_fast",
+                primfunc_attrs=_softmax_attrs(x, axis),
             )
             return out if dtype == _dtype(x) else relax.op.astype(out, dtype)
         call = super().visit_call_(call)
@@ -244,8 +249,13 @@ class _Rewriter(relax.PyExprMutator):
             return call
         fast, attrs = FAST[name]
         extra = [int(getattr(call.attrs, a)) for a in attrs]
+        marks = _softmax_attrs(call.args[0], extra[0]) if name == "relax.nn.softmax" else None
         return self.builder_.call_te(
-            _widened(fast), call.args[0], *extra, primfunc_name_hint=name.split(".")[-1] + "_fast"
+            _widened(fast),
+            call.args[0],
+            *extra,
+            primfunc_name_hint=name.split(".")[-1] + "_fast",
+            primfunc_attrs=marks,
         )
 
 
@@ -293,6 +303,14 @@ def _quarter_power(base: relax.Expr, quarters: int) -> relax.Expr:
     if quarters < 0:
         out = relax.op.divide(relax.const(1.0, _dtype(base)), out)
     return out
+
+
+def _softmax_attrs(x: relax.Expr, axis: int) -> dict | None:
+    """The kernel attributes of a softmax of ``x`` along ``axis``: :data:`.gemm_softmax.ROW_SOFTMAX`
+    for the last axis (a kernel :class:`.gemm_softmax.FuseGemmSoftmax` may merge)."""
+    ty = x.ty
+    rank = len(ty.shape) if isinstance(ty, relax.TensorType) and ty.shape is not None else None
+    return {ROW_SOFTMAX: True} if rank and axis % rank == rank - 1 else None
 
 
 def _dtype(expr: relax.Expr) -> str | None:

@@ -204,6 +204,17 @@ def partition_passes(target: tvm.target.Target, _policy) -> list:
     return [*first, *rows, FastMath()]  # FastMath last: activations are still ops on the rows
 
 
+def fusion_passes(target: tvm.target.Target) -> list:
+    """With avx512_bf16: attention's scores kernel merged with its softmax, where the bf16 CPU
+    rule schedules the pair as one (``schedules/cpu/bf16_softmax.py``)."""
+    from tvmamp.relay_passes.gemm_softmax import FuseGemmSoftmax
+    from tvmamp.schedules.cpu.bf16_softmax import schedules
+
+    if not has_bf16(target):
+        return []
+    return [FuseGemmSoftmax(lambda kernel: schedules(target, kernel))]
+
+
 def intrinsic_families(target: tvm.target.Target) -> tuple[str, ...]:
     """The ``tvm.s_tir.tensor_intrin`` family of the target's CPU, from its triple."""
     triple = str(target.attrs.get("mtriple", ""))
@@ -260,6 +271,7 @@ ENTRY = register_target(
         check=check,
         schedule_passes=schedule_passes,
         partition_passes=partition_passes,
+        fusion_passes=fusion_passes,
         finalize_passes=guard_passes,
         intrinsic_families=intrinsic_families,
         design_space=design_space,

@@ -94,6 +94,9 @@ class TargetEntry:
     partition_passes : callable
         ``(target, policy) -> list[tvm.transform.Pass]``: run after the AMP pass and before
         legalization (BYOC partitioning, layout rewrites).
+    fusion_passes : callable
+        ``(target) -> list[tvm.transform.Pass]``: run between ``FuseOps`` and ``FuseTIR``, on
+        the grouped kernels (merging a GEMM kernel with the softmax that reads its result).
     pass_config : callable
         ``(target) -> dict``: PassContext options the build needs (e.g. cp.async on sm_80+).
     finalize_passes : callable
@@ -135,6 +138,7 @@ class TargetEntry:
     unsupported_low_ops: Callable = lambda target, dtype: ()
     fp32_feeds: bool = True
     partition_passes: Callable = lambda target, policy: []
+    fusion_passes: Callable = lambda target: []
     pass_config: Callable = lambda target: {}
     finalize_passes: Callable = lambda target: []
     device: Callable = _local_device

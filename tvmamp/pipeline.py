@@ -66,20 +66,23 @@ def library_dispatch_passes(target, entry, policy) -> list:
     ]
 
 
-def legalize_passes() -> list:
-    """Phase 2: legalize Relax ops to TIR, fold constants, fuse the kernels."""
+def legalize_passes(target=None, entry=None) -> list:
+    """Phase 2: legalize Relax ops to TIR, fold constants, fuse the kernels (with the target
+    entry's ``fusion_passes`` between grouping the ops and fusing their TIR)."""
+    fusion = entry.fusion_passes(target) if entry is not None else []
     return [
         relax.transform.LegalizeOps(LEGALIZE_MAP),  # low reductions add up in fp32
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),
         relax.transform.FuseOps(),
+        *fusion,
         relax.transform.FuseTIR(),
     ]
 
 
 def front_phases(target, entry, policy) -> list:
     """Phases 1 and 2 (partition, dispatch, legalize, fuse): the kernels tuning sees."""
-    return [*library_dispatch_passes(target, entry, policy), *legalize_passes()]
+    return [*library_dispatch_passes(target, entry, policy), *legalize_passes(target, entry)]
 
 
 def schedule_passes(target, entry, database=None) -> list:

@@ -181,16 +181,16 @@ def schedule(sch: s_tir.Schedule, main: SBlockRV, target: Target, plan: AMXPlan)
     acc = sch.cache_write(main, 0, scope)
     sch.reverse_compute_at(acc, outer if plan.k_blocked else j_mid, preserve_unit_loops=True)
     inline_epilogue(sch, acc)
-    _vectorize_16_lanes(sch, acc)
+    vectorize_16_lanes(sch, acc)
     if use_parallel(target, math.prod(extents)):
         sch.parallel(outer)
     init = sch.decompose_reduction(main, k_outer if plan.k_blocked else i_inner)
-    _vectorize_16_lanes(sch, init)
+    vectorize_16_lanes(sch, init)
     sch.tensorize(i_inner, amx_intrin.amx_intrin(plan.k_block, scope))
     sch.annotate(outer, "pragma_import_llvm", amx_intrin.AMX_LLVM_IR)
 
 
-def _vectorize_16_lanes(sch: s_tir.Schedule, block: SBlockRV) -> None:
+def vectorize_16_lanes(sch: s_tir.Schedule, block: SBlockRV) -> None:
     """Vectorise the column loop of a fp32 block in 16-lane vectors."""
     col = sch.get_loops(block)[-1]
     extent = int(sch.get(col).extent)

@@ -9,6 +9,7 @@ from ..guard import Guarded
 from .bf16_common import has_avx512bf16
 from .bf16_matmul import CPUMatmulBF16
 from .bf16_passes import SplitPreproc
+from .bf16_softmax import CPUGemmSoftmaxBF16
 from .column_reduction import CPUColumnReduction
 from .conv import CPUConv2d
 from .depthwise_planes import CPUDepthwisePlanes
@@ -55,7 +56,7 @@ def default_cpu_rules(target: Target) -> list[dl.ScheduleRule]:
     if has_f16c(target):
         rules = [CPUMatmulFP16(), *rules]
     if has_avx512bf16(target):
-        rules = [CPUMatmulBF16(), *rules]
+        rules = [CPUGemmSoftmaxBF16(), CPUMatmulBF16(), *rules]
     return [Guarded(rule) for rule in rules]
 
 

@@ -1,0 +1,262 @@
+"""Attention scores and their softmax in one bf16 kernel, a row block at a time.
+
+:class:`tvmamp.relay_passes.gemm_softmax.FuseGemmSoftmax` merges ``softmax(epilogue(A @ B))``
+into one function. Here its GEMM runs on the ``vdpbf16ps`` register tile of
+:mod:`.bf16_matmul` (``B`` packed into pairs by a pre-processing function, as there), with the
+loops ``(S, I / ti)`` outermost: each block of ``ti`` rows computes its ``ti x J`` fp32 scores
+(``J`` columns a register tile at a time, the epilogue applied on the tile), then the softmax
+of those rows, all in L1, and writes only the (bf16) probabilities. Unfused, the scores went to
+memory and back (4 + 4 MB for a TransformerEncoderLayer of 8 x 128 tokens).
+"""
+
+from __future__ import annotations
+
+import math
+
+from tvm import s_tir, tirx
+from tvm.s_tir.dlight.analysis import get_root_block
+from tvm.s_tir.schedule import SBlockRV, ScheduleError
+from tvm.target import Target
+
+from ..x86 import amx_intrin
+from ..x86 import bf16_intrin as intrin
+from . import bf16_amx as amx
+from . import prefetch
+from .bf16_common import has_avx512bf16, is_bf16_matmul, k_is_innermost
+from .bf16_matmul import CPUMatmulBF16, make_plan, prepare, shared_operands, use_amx
+from .common import CPURule, NotApplicable, is_reduction, use_parallel, vectorize_tile
+from .matmul_analysis import normalize
+
+# Most columns (keys) of a merged kernel. A row block's scores and exponentials (fp32) then take
+# at most 64 KiB (8 rows, vdpbf16ps) or 256 KiB (32 rows, AMX), within L2; longer rows stay two
+# kernels.
+MAX_COLUMNS = 1024
+
+
+def schedules(target: Target, func: tirx.PrimFunc) -> bool:
+    """Whether :class:`CPUGemmSoftmaxBF16` schedules the merged kernel ``func`` on ``target``
+    (:class:`tvmamp.relay_passes.gemm_softmax.FuseGemmSoftmax` merges only such pairs)."""
+    with target:
+        return CPUGemmSoftmaxBF16().apply(func, target, False) is not None
+
+
+class CPUGemmSoftmaxBF16(CPURule):
+    """A bf16 GEMM whose fp32 result (after elementwise ops) feeds a softmax over its columns.
+
+    The merged kernels of :class:`tvmamp.relay_passes.gemm_softmax.FuseGemmSoftmax`; static
+    shapes, targets with avx512_bf16, rows of whole 16-lane vectors (the softmax's reductions
+    accumulate in registers) and at most :data:`MAX_COLUMNS` columns.
+    """
+
+    DOES_NOT_FIT = CPUMatmulBF16.DOES_NOT_FIT
+
+    def __init__(self, config: CPUMatmulBF16.Config | None = None):
+        self.config = config or CPUMatmulBF16.Config()
+
+    def is_target_available(self, target: Target) -> bool:
+        """Return whether ``target`` is an LLVM target with avx512_bf16."""
+        return super().is_target_available(target) and has_avx512bf16(target)
+
+    def apply(  # pylint: disable=missing-function-docstring
+        self, func: tirx.PrimFunc, target: Target, _: bool
+    ) -> s_tir.Schedule | None:
+        return self.schedule_block(
+            func, target, _gemm, lambda sch, main: schedule(sch, main, target, self.config)
+        )
+
+
+def _gemm(sch: s_tir.Schedule) -> SBlockRV | None:
+    """The GEMM block of a merged kernel: a bf16 GEMM followed by more than one reduction."""
+    blocks = sch.get_child_blocks(get_root_block(sch))
+    reductions = [b for b in blocks if is_reduction(sch.get(b))]
+    if len(reductions) < 3 or not is_bf16_matmul(sch.get(reductions[0])):
+        return None
+    if any(is_bf16_matmul(sch.get(b)) for b in reductions[1:]):
+        return None
+    return reductions[0]
+
+
+def schedule(
+    sch: s_tir.Schedule, main: SBlockRV, target: Target, config: CPUMatmulBF16.Config
+) -> None:
+    """Tile the GEMM ``main`` by row blocks and compute the softmax of each block inside.
+
+    On AMX targets the GEMM runs on the AMX kernel (32-row blocks, ``A`` tile-packed) when its
+    ``K`` needs no blocking, else on ``vdpbf16ps``.
+    """
+    a_contiguous = k_is_innermost(sch.get(main), 0)
+    shared = shared_operands(sch, main)
+    normalize(sch, main)
+    extents = [int(iv.dom.extent) for iv in sch.get(main).iter_vars]
+    if extents[2] > MAX_COLUMNS or extents[2] % intrin.LANES:
+        raise NotApplicable(f"{extents[2]} columns: not whole vectors or over {MAX_COLUMNS}")
+    amx_plan = amx.make_plan(extents, None, config.amx_k_block)
+    if use_amx(target, extents, config) and 0 not in shared and not amx_plan.k_blocked:
+        prepare(
+            sch,
+            main,
+            target,
+            amx.padding(amx_plan),
+            a_contiguous,
+            pack_a=amx.pack_tiles,
+            shared=shared,
+        )
+        row_block, acc, reduction = _tile_amx(sch, main)
+        _scores_and_softmax(sch, acc, row_block, target, extents, amx.vectorize_16_lanes)
+        init = sch.decompose_reduction(main, reduction)
+        amx.vectorize_16_lanes(sch, init)
+        _tensorize_amx(sch, row_block, reduction, amx_plan.k_block)
+        return
+    plan = make_plan(extents, config)
+    prepare(sch, main, target, plan.padding, a_contiguous, shared=shared)
+    packed = sch.get(main).reads[1].source
+    s, i, j, k = sch.get_loops(main)
+    i_outer, i_inner = sch.split(i, [None, plan.tile_i])
+    j_outer, j_vec, j_lane = sch.split(j, [None, plan.tile_j // intrin.LANES, intrin.LANES])
+    k_outer, k_pair = sch.split(k, [None, intrin.PAIR])
+    sch.reorder(s, i_outer, j_outer, k_outer, i_inner, j_vec, j_lane, k_pair)
+    sch.unroll(i_inner)
+    sch.unroll(j_vec)
+    row_block = sch.fuse(s, i_outer)
+    acc = sch.cache_write(main, 0, "local")
+    sch.reverse_compute_at(acc, j_outer, preserve_unit_loops=True)
+    _scores_and_softmax(sch, acc, row_block, target, extents, vectorize_tile)
+    init = sch.decompose_reduction(main, k_outer)
+    vectorize_tile(sch, init)
+    sch.tensorize(j_lane, intrin.DPBF16PS_INTRIN)
+    (update,) = sch.get_child_blocks(k_outer)
+    prefetch.mark(sch, update, packed, axis=1, ahead=plan.tile_j // intrin.LANES)
+    intrin.import_helpers(sch, row_block)
+
+
+def _tile_amx(sch: s_tir.Schedule, main: SBlockRV) -> tuple:
+    """Loops ``(S * I / 32, J / 32, 32, 32, K)``: a 32-row block, then its 32 x 32 tiles.
+
+    Returns the row-block loop, the tile's accumulator block (``local``, written back after
+    each tile) and the tile's row loop, which the AMX intrinsic replaces.
+    """
+    s, i, j, k = sch.get_loops(main)
+    i_outer, i_inner = sch.split(i, [None, amx_intrin.ROWS])
+    j_outer, j_inner = sch.split(j, [None, amx_intrin.COLS])
+    sch.reorder(s, i_outer, j_outer, i_inner, j_inner, k)
+    row_block = sch.fuse(s, i_outer)
+    acc = sch.cache_write(main, 0, "local")
+    sch.reverse_compute_at(acc, j_outer, preserve_unit_loops=True)
+    return row_block, acc, i_inner
+
+
+def _tensorize_amx(sch: s_tir.Schedule, row_block, tile_rows, k_block: int) -> None:
+    """The AMX micro-kernel on each 32 x 32 x ``k_block`` tile (its loops from ``tile_rows``)."""
+    sch.tensorize(tile_rows, amx_intrin.amx_intrin(k_block, "local"))
+    sch.annotate(row_block, "pragma_import_llvm", amx_intrin.AMX_LLVM_IR)
+
+
+def _scores_and_softmax(
+    sch: s_tir.Schedule, acc: SBlockRV, row_block, target: Target, extents: list, vectorize
+) -> None:
+    """The epilogue into ``acc``'s write-back (then ``vectorize(sch, acc)``), the softmax under
+    ``row_block``, which runs in parallel when the work is large enough."""
+    _inline_scores_epilogue(sch, acc)
+    vectorize(sch, acc)
+    if use_parallel(target, math.prod(extents)):
+        sch.parallel(row_block)  # before any decompose_reduction, which breaks its check
+    _softmax_at(sch, acc, row_block)
+
+
+def _inline_scores_epilogue(sch: s_tir.Schedule, acc: SBlockRV) -> None:
+    """Inline the elementwise blocks between the GEMM and the softmax's first reduction (the
+    copy of the normalised layout, the scale or mask, with what they read computed in place:
+    a causal mask from ``arange`` and ``where``) into ``acc``'s write-back."""
+    while True:
+        consumers = sch.get_consumers(acc)
+        if len(consumers) != 1 or is_reduction(sch.get(consumers[0])):
+            return
+        _inline_side_inputs(sch, consumers[0], acc)
+        try:
+            sch.reverse_compute_inline(consumers[0])
+        except ScheduleError:
+            return
+
+
+def _inline_side_inputs(sch: s_tir.Schedule, block: SBlockRV, acc: SBlockRV) -> None:
+    """Inline into ``block`` every producer chain it reads besides ``acc``."""
+    for producer in sch.get_producers(block):
+        if not sch.get(producer).same_as(sch.get(acc)):
+            _inline_side_inputs(sch, producer, acc)
+            sch.compute_inline(producer)
+
+
+def _softmax_at(sch: s_tir.Schedule, acc: SBlockRV, row_block) -> None:
+    """Move the blocks after ``acc`` (the softmax and its epilogue) under ``row_block``.
+
+    The elementwise blocks after the last reduction are inlined into the last block; one
+    between reductions (the exponentials) keeps its row-block buffer, computed once. Each
+    reduction accumulates 16-lane partial results (``rfactor``), combined once per row; the
+    elementwise blocks are vectorised along the row.
+    """
+    blocks = _consumers_in_order(sch, acc)
+    kinds = [is_reduction(sch.get(b)) for b in blocks]
+    if not any(kinds) or kinds[-1]:
+        raise NotApplicable("the GEMM is not followed by a softmax")
+    last = max(i for i, reduces in enumerate(kinds) if reduces)
+    # after the last reduction: the normalisation and its casts, into the final block; before
+    # it: what no reduction reads (``x - max``, into the exponentials)
+    inline = set(range(last + 1, len(blocks) - 1))
+    inline |= {i for i in range(last) if not kinds[i] and _feeds_only_elementwise(sch, blocks[i])}
+    kept = [b for i, b in enumerate(blocks) if i not in inline]
+    for i in sorted(inline):
+        sch.compute_inline(blocks[i])
+    for block in kept:
+        if is_reduction(sch.get(block)):
+            _row_reduction_at(sch, block, row_block)
+        else:
+            sch.reverse_compute_at(block, row_block, preserve_unit_loops=True)
+            _vectorize_row(sch, block)
+    # the row block's buffers (scores, exponentials, partial results) on the stack, not in
+    # workspace memory allocated per row block
+    for block in [acc, *kept[:-1]]:
+        sch.set_scope(block, 0, "local")
+
+
+def _feeds_only_elementwise(sch: s_tir.Schedule, block: SBlockRV) -> bool:
+    """Whether no reduction reads what ``block`` writes (``x - max`` before the exp)."""
+    return not any(is_reduction(sch.get(c)) for c in sch.get_consumers(block))
+
+
+def _row_reduction_at(sch: s_tir.Schedule, block: SBlockRV, row_block) -> None:
+    """Reduce each row of ``block`` into 16 lanes, then the lanes, under ``row_block``."""
+    lanes = intrin.LANES
+    stmt = sch.get(block)
+    extent = int(sch.get(sch.get_loops(block)[-1]).extent)
+    if extent % lanes:
+        raise NotApplicable(f"softmax rows of {extent} are not whole vectors")
+    _, lane = sch.split(sch.get_loops(block)[-1], [None, lanes])
+    partial = sch.rfactor(lane, factor_axis=len(stmt.writes[0].source.shape))
+    sch.reverse_compute_at(partial, row_block, preserve_unit_loops=True)
+    sch.reverse_compute_at(block, row_block, preserve_unit_loops=True)
+    # the partial block's loops are (lane, unit.., row, chunk): rows, chunks, then the lanes
+    loops = sch.get_loops(partial)
+    lane, row, chunk = loops[1], loops[-2], loops[-1]
+    sch.reorder(row, chunk, lane)
+    sch.vectorize(lane)
+    sch.decompose_reduction(partial, chunk)
+    lane, row = sch.get_loops(block)[1], sch.get_loops(block)[-1]
+    sch.reorder(row, lane)
+
+
+def _vectorize_row(sch: s_tir.Schedule, block: SBlockRV) -> None:
+    """Vectorise the column loop of an elementwise ``block`` in 16-lane vectors."""
+    col = sch.get_loops(block)[-1]
+    if int(sch.get(col).extent) % intrin.LANES:
+        raise NotApplicable("softmax rows are not whole vectors")
+    sch.vectorize(sch.split(col, [None, intrin.LANES])[-1])
+
+
+def _consumers_in_order(sch: s_tir.Schedule, acc: SBlockRV) -> list[SBlockRV]:
+    """The blocks after ``acc`` in program order (the softmax and its epilogue)."""
+    blocks = sch.get_child_blocks(get_root_block(sch))
+    index = next(i for i, b in enumerate(blocks) if sch.get(b).same_as(sch.get(acc)))
+    return blocks[index + 1 :]
+
+
+__all__ = ["CPUGemmSoftmaxBF16", "schedule", "schedules"]
