@@ -44,8 +44,8 @@ class CPUGemmSoftmaxBF16(CPURule):
     """A bf16 GEMM whose fp32 result (after elementwise ops) feeds a softmax over its columns.
 
     The merged kernels of :class:`tvmamp.relay_passes.gemm_softmax.FuseGemmSoftmax`; static
-    shapes, targets with avx512_bf16, rows of whole 16-lane vectors (the softmax's reductions
-    accumulate in registers) and at most :data:`MAX_COLUMNS` columns.
+    shapes, targets with avx512_bf16, columns of whole 16-lane vectors (the softmax's reductions
+    accumulate in registers; see :func:`_row_reduction_at`), at most :data:`MAX_COLUMNS`.
     """
 
     DOES_NOT_FIT = CPUMatmulBF16.DOES_NOT_FIT
@@ -224,7 +224,12 @@ def _feeds_only_elementwise(sch: s_tir.Schedule, block: SBlockRV) -> bool:
 
 
 def _row_reduction_at(sch: s_tir.Schedule, block: SBlockRV, row_block) -> None:
-    """Reduce each row of ``block`` into 16 lanes, then the lanes, under ``row_block``."""
+    """Reduce each row of ``block`` into 16 lanes, then the lanes, under ``row_block``.
+
+    The rows must be whole vectors: ``rfactor`` needs the block alone under its loops, so it
+    runs before the move, and ``reverse_compute_at`` then gives the partial block of a ragged
+    row (FastMath's body of 192 of 197 columns) a wrong lane range (TVM 0.27).
+    """
     lanes = intrin.LANES
     stmt = sch.get(block)
     extent = int(sch.get(sch.get_loops(block)[-1]).extent)
