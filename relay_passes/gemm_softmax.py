@@ -96,9 +96,10 @@ def _is_scores(mod: tvm.IRModule, func: relax.Function) -> bool:
 
 
 def _is_softmax(mod: tvm.IRModule, func: relax.Function) -> bool:
-    """One parameter; a row softmax over the last axis, then elementwise ops."""
+    """One parameter and one tensor result; a row softmax over the last axis, then elementwise
+    ops."""
     calls = _calls(func)
-    if not calls or len(func.params) != 1:
+    if not calls or len(func.params) != 1 or _static_shape(func.body.body) is None:
         return False
     first = _prim_func(mod, calls[0])
     if first is None or not (first.attrs and first.attrs.get(ROW_SOFTMAX)):
