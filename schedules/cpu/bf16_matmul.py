@@ -239,8 +239,7 @@ def schedule_matmul(
         return
     plan = make_plan(extents, config)
     prepare(sch, main, target, plan.padding, a_contiguous, shared=shared)
-    packed = sch.get(main).reads[1].source
-    outer, row_tile, k_outer, lanes = _tile(sch, main, plan)
+    outer, row_tile, k_outer, lanes = tile(sch, main, plan)
     acc = sch.cache_write(main, 0, "local")
     sch.reverse_compute_at(acc, row_tile, preserve_unit_loops=True)
     inline_epilogue(sch, acc)
@@ -249,6 +248,14 @@ def schedule_matmul(
     if parallel is not None:
         sch.parallel(parallel)
         outer = parallel
+    tensorize_tile(sch, main, plan, outer, k_outer, lanes)
+
+
+def tensorize_tile(sch: s_tir.Schedule, main: SBlockRV, plan: Plan, outer, k_outer, lanes) -> None:
+    """Finish the tiled ``main`` (loops from :func:`tile`; after ``sch.parallel``): its
+    vectorised initialisation, its update on ``vdpbf16ps`` with the prefetch of the next
+    packed-weight strip, and the intrinsic's LLVM helpers imported at ``outer``."""
+    packed = sch.get(main).reads[1].source
     init = sch.decompose_reduction(main, k_outer)
     vectorize_tile(sch, init)
     sch.tensorize(lanes, intrin.DPBF16PS_INTRIN)
@@ -382,20 +389,32 @@ def _parallel_outer(sch: s_tir.Schedule, block: SBlockRV, target: Target) -> Non
         sch.parallel(sch.fuse(*loops[:2]))
 
 
-def _tile(sch: s_tir.Schedule, main: SBlockRV, plan: Plan) -> tuple:
-    """Order the loops ``(S * J / tj, I / ti, K / 2, ti, tj / 16, 16, 2)``.
+def tile(sch: s_tir.Schedule, main: SBlockRV, plan: Plan, rows_outside: bool = False) -> tuple:
+    """Order the loops ``(S * J / tj, I / ti, K / 2, ti, tj / 16, 16, 2)``; with
+    ``rows_outside``, ``(S * I / ti, J / tj, ...)`` (a row block walks all its column tiles,
+    as the merged scores and softmax of :mod:`.bf16_softmax` need).
 
-    Returns the fused outer loop, the row-tile loop, the pair loop and the 16-lane loop that
+    Returns the fused outer loop, the loop inside it, the pair loop and the 16-lane loop that
     the intrinsic replaces.
     """
     s, i, j, k = sch.get_loops(main)
     i_outer, i_inner = sch.split(i, [None, plan.tile_i])
     j_outer, j_vec, j_lane = sch.split(j, [None, plan.tile_j // intrin.LANES, intrin.LANES])
     k_outer, k_pair = sch.split(k, [None, intrin.PAIR])
-    sch.reorder(s, j_outer, i_outer, k_outer, i_inner, j_vec, j_lane, k_pair)
+    first, second = (i_outer, j_outer) if rows_outside else (j_outer, i_outer)
+    sch.reorder(s, first, second, k_outer, i_inner, j_vec, j_lane, k_pair)
     sch.unroll(i_inner)
     sch.unroll(j_vec)
-    return sch.fuse(s, j_outer), i_outer, k_outer, j_lane
+    return sch.fuse(s, first), second, k_outer, j_lane
 
 
-__all__ = ["PREPROC", "CPUMatmulBF16", "find_gemm", "make_plan", "prepare", "schedule_matmul"]
+__all__ = [
+    "PREPROC",
+    "CPUMatmulBF16",
+    "find_gemm",
+    "make_plan",
+    "prepare",
+    "schedule_matmul",
+    "tensorize_tile",
+    "tile",
+]

@@ -21,10 +21,17 @@ from tvm.target import Target
 from ..x86 import amx_intrin
 from ..x86 import bf16_intrin as intrin
 from . import bf16_amx as amx
-from . import prefetch
-from .bf16_common import has_avx512bf16, is_bf16_matmul, k_is_innermost
-from .bf16_matmul import CPUMatmulBF16, make_plan, prepare, shared_operands, use_amx
-from .common import CPURule, NotApplicable, is_reduction, use_parallel, vectorize_tile
+from .bf16_common import is_bf16_matmul, k_is_innermost
+from .bf16_matmul import (
+    CPUMatmulBF16,
+    make_plan,
+    prepare,
+    shared_operands,
+    tensorize_tile,
+    tile,
+    use_amx,
+)
+from .common import NotApplicable, is_reduction, use_parallel, vectorize_tile
 from .matmul_analysis import normalize
 
 # Most columns (keys) of a merged kernel. A row block's scores and exponentials (fp32) then take
@@ -40,22 +47,14 @@ def schedules(target: Target, func: tirx.PrimFunc) -> bool:
         return CPUGemmSoftmaxBF16().apply(func, target, False) is not None
 
 
-class CPUGemmSoftmaxBF16(CPURule):
+class CPUGemmSoftmaxBF16(CPUMatmulBF16):
     """A bf16 GEMM whose fp32 result (after elementwise ops) feeds a softmax over its columns.
 
     The merged kernels of :class:`tvmamp.relay_passes.gemm_softmax.FuseGemmSoftmax`; static
     shapes, targets with avx512_bf16, columns of whole 16-lane vectors (the softmax's reductions
-    accumulate in registers; see :func:`_row_reduction_at`), at most :data:`MAX_COLUMNS`.
+    accumulate in registers; see :func:`_row_reduction_at`), at most :data:`MAX_COLUMNS`. The
+    GEMM rule's configuration, target gating and fallbacks.
     """
-
-    DOES_NOT_FIT = CPUMatmulBF16.DOES_NOT_FIT
-
-    def __init__(self, config: CPUMatmulBF16.Config | None = None):
-        self.config = config or CPUMatmulBF16.Config()
-
-    def is_target_available(self, target: Target) -> bool:
-        """Return whether ``target`` is an LLVM target with avx512_bf16."""
-        return super().is_target_available(target) and has_avx512bf16(target)
 
     def apply(  # pylint: disable=missing-function-docstring
         self, func: tirx.PrimFunc, target: Target, _: bool
@@ -109,24 +108,11 @@ def schedule(
         return
     plan = make_plan(extents, config)
     prepare(sch, main, target, plan.padding, a_contiguous, shared=shared)
-    packed = sch.get(main).reads[1].source
-    s, i, j, k = sch.get_loops(main)
-    i_outer, i_inner = sch.split(i, [None, plan.tile_i])
-    j_outer, j_vec, j_lane = sch.split(j, [None, plan.tile_j // intrin.LANES, intrin.LANES])
-    k_outer, k_pair = sch.split(k, [None, intrin.PAIR])
-    sch.reorder(s, i_outer, j_outer, k_outer, i_inner, j_vec, j_lane, k_pair)
-    sch.unroll(i_inner)
-    sch.unroll(j_vec)
-    row_block = sch.fuse(s, i_outer)
+    row_block, j_outer, k_outer, j_lane = tile(sch, main, plan, rows_outside=True)
     acc = sch.cache_write(main, 0, "local")
     sch.reverse_compute_at(acc, j_outer, preserve_unit_loops=True)
     _scores_and_softmax(sch, acc, row_block, target, extents, vectorize_tile)
-    init = sch.decompose_reduction(main, k_outer)
-    vectorize_tile(sch, init)
-    sch.tensorize(j_lane, intrin.DPBF16PS_INTRIN)
-    (update,) = sch.get_child_blocks(k_outer)
-    prefetch.mark(sch, update, packed, axis=1, ahead=plan.tile_j // intrin.LANES)
-    intrin.import_helpers(sch, row_block)
+    tensorize_tile(sch, main, plan, row_block, k_outer, j_lane)
 
 
 def _tile_amx(sch: s_tir.Schedule, main: SBlockRV) -> tuple:
