@@ -1,12 +1,12 @@
 """Attention scores and their softmax in one bf16 kernel, a row block at a time.
 
 :class:`tvmamp.relay_passes.gemm_softmax.FuseGemmSoftmax` merges ``softmax(epilogue(A @ B))``
-into one function. Here its GEMM runs on the ``vdpbf16ps`` register tile of
-:mod:`.bf16_matmul` (``B`` packed into pairs by a pre-processing function, as there), with the
-loops ``(S, I / ti)`` outermost: each block of ``ti`` rows computes its ``ti x J`` fp32 scores
-(``J`` columns a register tile at a time, the epilogue applied on the tile), then the softmax
-of those rows, all in L1, and writes only the (bf16) probabilities. Unfused, the scores went to
-memory and back (4 + 4 MB for a TransformerEncoderLayer of 8 x 128 tokens).
+into one function. Here its GEMM is packed and padded as in :mod:`.bf16_matmul` and runs with
+the loops ``(S, I / rows)`` outermost: each block of rows (8 on the ``vdpbf16ps`` register tile,
+32 on the AMX kernel where ``K`` needs no blocking) computes its ``rows x J`` fp32 scores one
+tile at a time, the epilogue (scale, mask) applied on the tile, then the softmax of those rows
+in cache, and writes only the (bf16) probabilities. Unfused, the scores went to memory and back
+(4 + 4 MB for a TransformerEncoderLayer of 8 x 128 tokens).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.schedule import SBlockRV, ScheduleError
 from tvm.target import Target
 
+from ..guard import Guarded
 from ..x86 import amx_intrin
 from ..x86 import bf16_intrin as intrin
 from . import bf16_amx as amx
@@ -43,8 +44,8 @@ MAX_COLUMNS = 1024
 def schedules(target: Target, func: tirx.PrimFunc) -> bool:
     """Whether :class:`CPUGemmSoftmaxBF16` schedules the merged kernel ``func`` on ``target``
     (:class:`tvmamp.relay_passes.gemm_softmax.FuseGemmSoftmax` merges only such pairs)."""
-    with target:
-        return CPUGemmSoftmaxBF16().apply(func, target, False) is not None
+    with target:  # Guarded: a failure of the rule is a "no", logged, never a failed build
+        return Guarded(CPUGemmSoftmaxBF16()).apply(func, target, False) is not None
 
 
 class CPUGemmSoftmaxBF16(CPUMatmulBF16):
