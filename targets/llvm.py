@@ -227,11 +227,12 @@ BF16_SPACE = "bf16-gemm"
 
 
 def design_space(mod: tvm.IRModule, target: tvm.target.Target) -> DesignSpace:
-    """tvmamp's vdpbf16ps/AMX space for the kernels its default bf16 rule schedules.
+    """tvmamp's vdpbf16ps/AMX space for the kernels its default bf16 rules schedule.
 
     That is a static bf16 x bf16 -> fp32 matmul, dense or batch-matmul on a CPU with
-    avx512_bf16; its distinct configurations are few, so each is measured once. Other kernels
-    get meta_schedule's own space.
+    avx512_bf16, or attention's merged scores and softmax (``schedules/cpu/bf16_softmax.py``);
+    its distinct configurations are few, so each is measured once. Other kernels get
+    meta_schedule's own space.
     """
     from tvmamp.schedules.cpu import has_avx512bf16
     from tvmamp.schedules.cpu.bf16_tuning import (

@@ -61,11 +61,11 @@ class CPUGemmSoftmaxBF16(CPUMatmulBF16):
         self, func: tirx.PrimFunc, target: Target, _: bool
     ) -> s_tir.Schedule | None:
         return self.schedule_block(
-            func, target, _gemm, lambda sch, main: schedule(sch, main, target, self.config)
+            func, target, merged_gemm, lambda sch, main: schedule(sch, main, target, self.config)
         )
 
 
-def _gemm(sch: s_tir.Schedule) -> SBlockRV | None:
+def merged_gemm(sch: s_tir.Schedule) -> SBlockRV | None:
     """The GEMM block of a merged kernel: a bf16 GEMM followed by more than one reduction."""
     blocks = sch.get_child_blocks(get_root_block(sch))
     reductions = [b for b in blocks if is_reduction(sch.get(b))]
@@ -90,8 +90,8 @@ def schedule(
     extents = [int(iv.dom.extent) for iv in sch.get(main).iter_vars]
     if extents[2] > MAX_COLUMNS or extents[2] % intrin.LANES:
         raise NotApplicable(f"{extents[2]} columns: not whole vectors or over {MAX_COLUMNS}")
-    amx_plan = amx.make_plan(extents, None, config.amx_k_block)
-    if use_amx(target, extents, config) and 0 not in shared and not amx_plan.k_blocked:
+    amx_plan = _amx_plan(target, extents, config)
+    if amx_plan is not None and 0 not in shared:
         prepare(
             sch,
             main,
@@ -114,6 +114,22 @@ def schedule(
     sch.reverse_compute_at(acc, j_outer, preserve_unit_loops=True)
     _scores_and_softmax(sch, acc, row_block, target, extents, vectorize_tile)
     tensorize_tile(sch, main, plan, row_block, k_outer, j_lane)
+
+
+def _amx_plan(target: Target, extents: list[int], config: CPUMatmulBF16.Config):
+    """The AMX plan of the merged GEMM ``[S, I, J, K]``, or None (vdpbf16ps): AMX where the GEMM
+    rule would use it and ``K`` needs no blocking (the row block holds all of a row's columns)."""
+    plan = amx.make_plan(extents, None, config.amx_k_block)
+    return plan if use_amx(target, extents, config) and not plan.k_blocked else None
+
+
+def plan_key(extents: list[int], target: Target, config: CPUMatmulBF16.Config) -> tuple:
+    """The kernel ``config`` gives a merged GEMM of ``extents`` (equal keys: same code)."""
+    amx_plan = _amx_plan(target, extents, config)
+    if amx_plan is not None:
+        return ("amx", amx_plan.k_block, amx_plan.k_padded)
+    plan = make_plan(extents, config)
+    return ("vdpbf16ps", plan.tile_i, plan.tile_j)
 
 
 def _tile_amx(sch: s_tir.Schedule, main: SBlockRV) -> tuple:
@@ -251,4 +267,4 @@ def _consumers_in_order(sch: s_tir.Schedule, acc: SBlockRV) -> list[SBlockRV]:
     return blocks[index + 1 :]
 
 
-__all__ = ["CPUGemmSoftmaxBF16", "schedule", "schedules"]
+__all__ = ["CPUGemmSoftmaxBF16", "merged_gemm", "plan_key", "schedule", "schedules"]

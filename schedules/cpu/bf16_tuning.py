@@ -2,7 +2,8 @@
 
 Each point of the space is a :class:`CPUMatmulBF16.Config` (register tile, GEMV tile, AMX cache
 blocks) chosen by a traced ``sample_categorical`` decision and applied by
-:func:`.bf16_matmul.schedule_matmul`. The value steers Python-level decisions (padding,
+:func:`.bf16_matmul.schedule_matmul` (or, for attention's merged scores and softmax, by
+:func:`.bf16_softmax.schedule`). The value steers Python-level decisions (padding,
 packing, kernel choice), which the recorded trace then holds as plain primitives, so mutating the
 decision of a trace (``replay-trace``, ``evolutionary``) changes nothing. Two ways to search it:
 
@@ -33,6 +34,7 @@ from tvm.s_tir.schedule import ScheduleError
 from tvm.target import Target
 
 from . import bf16_amx as amx
+from . import bf16_softmax
 from .bf16_common import has_amx_bf16, is_bf16_matmul
 from .bf16_matmul import CPUMatmulBF16, find_gemm, make_plan, schedule_matmul, use_amx
 from .common import NotApplicable
@@ -96,11 +98,23 @@ def plan_key(extents: list[int], target: Target, config: CPUMatmulBF16.Config) -
     return ("vdpbf16ps", plan.tile_i, plan.tile_j)
 
 
+def _gemm_rule(sch: s_tir.Schedule) -> tuple:
+    """``(gemm block, schedule function, plan_key function)`` of the bf16 kernel ``sch`` holds:
+    a merged scores-and-softmax kernel (:mod:`.bf16_softmax`) or a GEMM; Nones for neither."""
+    main = bf16_softmax.merged_gemm(sch)
+    if main is not None:
+        return main, bf16_softmax.schedule, bf16_softmax.plan_key
+    main = find_gemm(sch)
+    if main is None or not is_bf16_matmul(sch.get(main)):
+        return None, None, None
+    return main, schedule_matmul, plan_key
+
+
 def gemm_extents(func: tirx.PrimFunc) -> list[int] | None:
     """``[S, I, J, K]`` of the bf16 gemm in ``func`` as the rule normalises it (None: none)."""
     sch = s_tir.Schedule(func)
-    main = find_gemm(sch)
-    if main is None or not is_bf16_matmul(sch.get(main)):
+    main = _gemm_rule(sch)[0]
+    if main is None:
         return None
     try:
         normalize(sch, main)
@@ -115,15 +129,18 @@ def distinct_choices(func: tirx.PrimFunc, target: Target, choices=None) -> tuple
     extents = gemm_extents(func)
     if extents is None:
         raise ValueError(f"{COMPONENT}: {_NOT_BF16}")
+    key = _gemm_rule(s_tir.Schedule(func))[2]
     by_key = {}
     for config in choices:
-        by_key.setdefault(plan_key(extents, target, config), config)
+        by_key.setdefault(key(extents, target, config), config)
     return tuple(by_key.values())
 
 
 def is_bf16_gemm(func: tirx.PrimFunc, target: Target) -> bool:
-    """Return whether the default bf16 rule schedules ``func`` on ``target`` (so the space can)."""
-    return CPUMatmulBF16().apply(func, target, False) is not None
+    """Return whether a default bf16 rule schedules ``func`` on ``target`` (so the space can):
+    the GEMM rule, or the rule of merged scores and softmax."""
+    rules = (CPUMatmulBF16(), bf16_softmax.CPUGemmSoftmaxBF16())
+    return any(rule.apply(func, target, False) is not None for rule in rules)
 
 
 _NOT_BF16 = (
@@ -140,10 +157,10 @@ def sample_config(sch: s_tir.Schedule, choices, decision: int | None = None):
 
 
 def _apply(sch: s_tir.Schedule, target: Target, config) -> s_tir.Schedule:
-    main = find_gemm(sch)
-    if main is None or not is_bf16_matmul(sch.get(main)):
+    main, schedule, _ = _gemm_rule(sch)
+    if main is None:
         raise ValueError(f"{COMPONENT}: {_NOT_BF16}")
-    schedule_matmul(sch, main, target, config)
+    schedule(sch, main, target, config)
     return sch
 
 

@@ -10,6 +10,7 @@ from tvm.s_tir import meta_schedule as ms
 
 import tvmamp
 from tvmamp import models
+from tvmamp.schedules.cpu import bf16_softmax
 from tvmamp.schedules.cpu.bf16_tuning import (
     AMX_K_BLOCKS,
     AMX_N_BLOCKS,
@@ -75,6 +76,41 @@ def test_bf16_matmul_tasks_get_the_bf16_space_and_others_keep_the_default():
     with pytest.warns(UserWarning, match="no avx512_bf16"):
         plain = extract_tasks(tvmamp.convert(mod, "O2", NO_BF16, "bfloat16", params))
     assert {t.space for t in plain} == {DEFAULT_SPACE.name}
+
+
+def _merged_attention_func(rows: int, keys: int, dim: int, target) -> tvm.tirx.PrimFunc:
+    """The merged scores-and-softmax kernel of ``softmax(q @ k^T * c) @ v`` at O2 bf16."""
+    bb = relax.BlockBuilder()
+    q = relax.Var("q", relax.TensorType((2, rows, dim), "float32"))
+    k = relax.Var("k", relax.TensorType((2, keys, dim), "float32"))
+    v = relax.Var("v", relax.TensorType((2, keys, dim), "float32"))
+    with bb.function("main", [q, k, v]):
+        with bb.dataflow():
+            s = bb.emit(relax.op.matmul(q, relax.op.permute_dims(k, [0, 2, 1])))
+            s = bb.emit(relax.op.multiply(s, relax.const(0.125, "float32")))
+            p = bb.emit(relax.op.nn.softmax(s, axis=-1))
+            out = bb.emit_output(relax.op.matmul(p, v))
+        bb.emit_func_output(out)
+    tasks = extract_tasks(tvmamp.convert(bb.get(), "O2", target, "bfloat16"))
+    (task,) = [t for t in tasks if "softmax" in t.name and "matmul" in t.name]
+    assert task.space == f"{BF16_SPACE}:{space_version(target)}"
+    return task.mod["main"]
+
+
+@pytest.mark.parametrize(
+    "target, kernels", [(VDPBF16PS, {"vdpbf16ps": 6}), (AMX, {"amx": 1, "vdpbf16ps": 6})]
+)
+def test_merged_scores_and_softmax_are_tuned_in_the_bf16_space(target, kernels):
+    """Attention's merged kernel gets the bf16 space (its tiles; on AMX hosts the AMX kernel,
+    whose cache blocks it does not use, once), not meta_schedule's generic one."""
+    func = _merged_attention_func(64, 64, 32, target)
+    extents = gemm_extents(func)
+    keys = [bf16_softmax.plan_key(extents, target, c)[0] for c in distinct_choices(func, target)]
+    assert {kind: keys.count(kind) for kind in kernels} == kernels
+    spaces = _spaces(func, target)
+    assert len(spaces) == sum(kernels.values())
+    intrins = {str(i.attrs[0]) for s in spaces for i in s.trace.insts if i.kind.name == "Tensorize"}
+    assert any("dpbf16ps" in n for n in intrins)
 
 
 def test_records_of_another_space_version_are_not_replayed():
