@@ -91,10 +91,10 @@ def _needs_bf16_host():
     [
         (1, 2, 37, 48, 40),
         (2, 3, 16, 16, 8),
-        (1, 1, 130, 1024, 64),
+        (1, 1, 130, 2048, 64),
         (2, 4, 128, 128, 64),
     ],
-    ids=["odd-rows-48-keys", "tiny", "1024-keys", "bert-like"],
+    ids=["odd-rows-48-keys", "tiny", "2048-keys", "bert-like"],
 )
 @pytest.mark.parametrize("target", [ZNVER4, ZNVER4_2], ids=["1-core", "2-cores"])
 @pytest.mark.parametrize("mask", [False, True], ids=["no-mask", "mask"])
@@ -115,12 +115,14 @@ def test_merged_scores_and_softmax_match_float64(rng, shape, target, mask):
         ("softmax over the rows", {"axis": -2}, (1, 2, 32, 32, 16)),
         ("keys not whole vectors (ViT's 197)", {}, (1, 2, 32, 197, 16)),
         ("more keys than MAX_COLUMNS", {}, (1, 1, 16, bf16_softmax.MAX_COLUMNS + 16, 16)),
+        ("AMX: more keys than AMX_MAX_COLUMNS", {}, (1, 1, 64, 1040, 16)),
     ],
 )
 def test_pairs_that_stay_two_kernels(what, kwargs, shape):
     """No merge where another op reads the scores, the softmax is not over the GEMM's columns,
     or the rule would not schedule it (the unmerged kernels' numerics are tested elsewhere)."""
-    names = _kernel_names(_attention(*shape, **kwargs), ZNVER4)
+    target = SAPPHIRE if what.startswith("AMX") else ZNVER4
+    names = _kernel_names(_attention(*shape, **kwargs), target)
     assert not _merged(names), what
     assert any("softmax" in n for n in names)
 
