@@ -22,6 +22,8 @@ import tvm
 import tvm_ffi
 from tvm import relax, s_tir, tirx
 
+from tvmamp.tensors import static_shape
+
 from .bindings import rebind, use_counts
 
 # The PrimFunc attribute FastMath sets on a softmax over the last axis.
@@ -69,19 +71,11 @@ def _is_bf16_gemm(func: tirx.PrimFunc) -> bool:
     return reduces and reads == ["bfloat16"] * 2 and str(block.writes[0].source.dtype) == "float32"
 
 
-def _static_shape(expr: relax.Expr) -> tuple[int, ...] | None:
-    ty = expr.ty
-    if not isinstance(ty, relax.TensorType) or ty.shape is None:
-        return None
-    dims = [d.value if isinstance(d, tirx.IntImm) else None for d in ty.shape.values]
-    return None if None in dims else tuple(dims)
-
-
 def _is_scores(mod: tvm.IRModule, func: relax.Function) -> bool:
     """One bf16 GEMM on the function's parameters, and elementwise or broadcast ops (its
     epilogue, and what that reads, such as a mask made from a boolean one) keeping its shape."""
     calls = _calls(func)
-    if not calls or _static_shape(func.body.body) is None:
+    if not calls or static_shape(func.body.body.ty) is None:
         return False
     gemms = [c for c in calls if _pattern(_prim_func(mod, c)) == _OUT_ELEMWISE_FUSABLE]
     if len(gemms) != 1 or not _is_bf16_gemm(_prim_func(mod, gemms[0])):
@@ -99,7 +93,7 @@ def _is_softmax(mod: tvm.IRModule, func: relax.Function) -> bool:
     """One parameter and one tensor result; a row softmax over the last axis, then elementwise
     ops."""
     calls = _calls(func)
-    if not calls or len(func.params) != 1 or _static_shape(func.body.body) is None:
+    if not calls or len(func.params) != 1 or static_shape(func.body.body.ty) is None:
         return False
     first = _prim_func(mod, calls[0])
     if first is None or not (first.attrs and first.attrs.get(ROW_SOFTMAX)):

@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 
 from tvm import s_tir, tirx
-from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.schedule import SBlockRV, ScheduleError
 from tvm.target import Target
 
@@ -22,7 +21,7 @@ from ..guard import Guarded
 from ..x86 import amx_intrin
 from ..x86 import bf16_intrin as intrin
 from . import bf16_amx as amx
-from .bf16_common import is_bf16_matmul, k_is_innermost
+from .bf16_common import is_bf16_matmul, k_is_innermost, root_blocks
 from .bf16_matmul import (
     CPUMatmulBF16,
     make_plan,
@@ -70,7 +69,7 @@ class CPUGemmSoftmaxBF16(CPUMatmulBF16):
 
 def merged_gemm(sch: s_tir.Schedule) -> SBlockRV | None:
     """The GEMM block of a merged kernel: a bf16 GEMM followed by more than one reduction."""
-    blocks = sch.get_child_blocks(get_root_block(sch))
+    blocks = root_blocks(sch)
     reductions = [b for b in blocks if is_reduction(sch.get(b))]
     if len(reductions) < 3 or not is_bf16_matmul(sch.get(reductions[0])):
         return None
@@ -266,7 +265,7 @@ def _vectorize_row(sch: s_tir.Schedule, block: SBlockRV) -> None:
 
 def _consumers_in_order(sch: s_tir.Schedule, acc: SBlockRV) -> list[SBlockRV]:
     """The blocks after ``acc`` in program order (the softmax and its epilogue)."""
-    blocks = sch.get_child_blocks(get_root_block(sch))
+    blocks = root_blocks(sch)
     index = next(i for i, b in enumerate(blocks) if sch.get(b).same_as(sch.get(acc)))
     return blocks[index + 1 :]
 
