@@ -110,26 +110,31 @@ def _gemm_rule(sch: s_tir.Schedule) -> tuple:
     return main, schedule_matmul, plan_key
 
 
-def gemm_extents(func: tirx.PrimFunc) -> list[int] | None:
-    """``[S, I, J, K]`` of the bf16 gemm in ``func`` as the rule normalises it (None: none)."""
+def _normalised(func: tirx.PrimFunc) -> tuple:
+    """``([S, I, J, K], plan_key function)`` of the bf16 gemm in ``func`` as its rule normalises
+    it; ``(None, None)`` when it holds none."""
     sch = s_tir.Schedule(func)
-    main = _gemm_rule(sch)[0]
+    main, _, key = _gemm_rule(sch)
     if main is None:
-        return None
+        return None, None
     try:
         normalize(sch, main)
     except ScheduleError:
-        return None
-    return [int(iv.dom.extent) for iv in sch.get(main).iter_vars]
+        return None, None
+    return [int(iv.dom.extent) for iv in sch.get(main).iter_vars], key
+
+
+def gemm_extents(func: tirx.PrimFunc) -> list[int] | None:
+    """``[S, I, J, K]`` of the bf16 gemm in ``func`` as the rule normalises it (None: none)."""
+    return _normalised(func)[0]
 
 
 def distinct_choices(func: tirx.PrimFunc, target: Target, choices=None) -> tuple:
     """The ``choices`` (default :func:`tuning_choices`) that give ``func`` different kernels."""
     choices = tuning_choices(target) if choices is None else tuple(choices)
-    extents = gemm_extents(func)
+    extents, key = _normalised(func)
     if extents is None:
         raise ValueError(f"{COMPONENT}: {_NOT_BF16}")
-    key = _gemm_rule(s_tir.Schedule(func))[2]
     by_key = {}
     for config in choices:
         by_key.setdefault(key(extents, target, config), config)
