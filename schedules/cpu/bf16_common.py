@@ -156,42 +156,57 @@ def pack_pairs_name(from_f32: bool, native: bool) -> str:
     )
 
 
-def _pack_intrin(src: str, function: str, transposed: bool):
+def _pack_intrin(src: str, function: str, transposed: bool, region: tuple[int, ...] = ()):
     """The (description, implementation) of one packing step of ``B`` read as ``src``.
 
     Not ``transposed``: two rows of 32 columns of ``B[K, J]`` (``S[2, 32]``) into two packed
     rows of one 16-column panel pair; the helper's destination row stride is ``D``'s first
     stride. ``transposed``: a ``B[J, K]`` tile ``S[16, 32]`` into the 16 pair rows of one
     panel (a 64-byte row stride). An fp32 ``src`` is rounded to bf16 on the way.
+
+    ``region``, if given, is the shape of the tile in a source of more axes: the rows and
+    columns above with unit axes between or before them (``(16, 1, 32)``: a head's rows of
+    ``qkv[tokens, batch, 3 * heads * dim]``, read through the layout ops the GEMM kernel
+    absorbed; see :mod:`tvmamp.relay_passes.gemm_layout`).
     """
     src_bytes = DataType(src).bits // 8
     s_rows, d_shape = (16, (1, 16, 16, 2)) if transposed else (2, (2, 1, 16, 2))
     j_extent, k_extent = (16, 32) if transposed else (32, 2)
+    region = region or (s_rows, 32)
+    row_axis, last = region.index(s_rows), len(region) - 1
+    whole = tuple(slice(0, e) for e in region)
+
+    def at(row, col):  # the source index of element (row, col) of the tile
+        return tuple(row if i == row_axis else col if i == last else 0 for i in range(last + 1))
+
+    def strides(row_stride):
+        return [row_stride if i == row_axis else T.int64() for i in range(last)] + [1]
 
     @T.prim_func(s_tir=True)
     def desc(s: T.handle, d: T.handle) -> None:
-        S = T.match_buffer(s, (s_rows, 32), src, offset_factor=1, strides=[T.int64(), 1])
+        S = T.match_buffer(s, region, src, offset_factor=1, strides=strides(T.int64()))
         D = T.match_buffer(d, d_shape, "bfloat16", offset_factor=1, strides=[T.int64(), 32, 2, 1])
         with T.sblock("root"):
-            T.reads(S[0:s_rows, 0:32])
+            T.reads(S[whole])
             T.writes(D[0 : d_shape[0], 0 : d_shape[1], 0:16, 0:2])
             for j, k in T.grid(j_extent, k_extent):
                 with T.sblock("pack"):
                     vj, vk = T.axis.remap("SS", [j, k])
                     D[vj // 16, vk // 2, vj % 16, vk % 2] = (
-                        T.Cast("bfloat16", S[vj, vk] if transposed else S[vk, vj])
+                        T.Cast("bfloat16", S[at(vj, vk) if transposed else at(vk, vj)])
                         if src != "bfloat16"
-                        else (S[vj, vk] if transposed else S[vk, vj])
+                        else (S[at(vj, vk) if transposed else at(vk, vj)])
                     )
+
+    lds = T.int64()
 
     @T.prim_func(s_tir=True)
     def impl(s: T.handle, d: T.handle) -> None:
-        lds = T.int64()
         ldd = T.int64()
-        S = T.match_buffer(s, (s_rows, 32), src, offset_factor=1, strides=[lds, 1])
+        S = T.match_buffer(s, region, src, offset_factor=1, strides=strides(lds))
         D = T.match_buffer(d, d_shape, "bfloat16", offset_factor=1, strides=[ldd, 32, 2, 1])
         with T.sblock("root"):
-            T.reads(S[0:s_rows, 0:32])
+            T.reads(S[whole])
             T.writes(D[0 : d_shape[0], 0 : d_shape[1], 0:16, 0:2])
             T.evaluate(
                 T.call_extern(
@@ -199,7 +214,7 @@ def _pack_intrin(src: str, function: str, transposed: bool):
                     function,
                     T.address_of(D[0, 0, 0, 0]),
                     T.int64(64) if transposed else ldd * 2,
-                    T.address_of(S[0, 0]),
+                    T.address_of(S[at(0, 0)]),
                     lds * src_bytes,
                 )
             )
@@ -207,16 +222,24 @@ def _pack_intrin(src: str, function: str, transposed: bool):
     return desc, impl
 
 
-def pack_pairs_intrin(src: str = "bfloat16", native: bool = True) -> tuple[str, str]:
+def pack_pairs_intrin(
+    src: str = "bfloat16", native: bool = True, region: tuple[int, ...] = ()
+) -> tuple[str, str]:
     """Register (once) the weight-packing intrinsic for 2 rows x 32 columns of ``src`` (bf16,
-    or fp32 rounded on the way, with ``vcvtneps2bf16`` when ``native``); return its name and
-    the LLVM IR to import."""
+    or fp32 rounded on the way, with ``vcvtneps2bf16`` when ``native``), in a source tile of
+    shape ``region`` if given (see :func:`_pack_intrin`); return its name and the LLVM IR to
+    import."""
     from_f32 = src == "float32"
     function = pack_pairs_name(from_f32, native)
-    name = PACK_PAIRS_INTRIN + function.removeprefix("tvmamp_pack_pairs_2x32")
+    name = PACK_PAIRS_INTRIN + function.removeprefix("tvmamp_pack_pairs_2x32") + _suffix(region)
     if TensorIntrin.get(name, allow_missing=True) is None:
-        TensorIntrin.register(name, *_pack_intrin(src, function, transposed=False))
+        TensorIntrin.register(name, *_pack_intrin(src, function, False, region))
     return name, pack_pairs_f32_llvm_ir(native) if from_f32 else PACK_PAIRS_LLVM_IR
+
+
+def _suffix(region: tuple[int, ...]) -> str:
+    """The intrinsic-name suffix of a source tile shape of more than two axes."""
+    return "_" + "x".join(map(str, region)) if len(region) > 2 else ""
 
 
 # A 16 x 32 tile of B[J, K] -> one 16-column panel of 16 pairs: a 16 x 16 transpose of the
@@ -224,14 +247,16 @@ def pack_pairs_intrin(src: str = "bfloat16", native: bool = True) -> tuple[str, 
 PACK_PAIRS_T_INTRIN = "tvmamp_x86_pack_pairs_t_16x32"
 
 
-def pack_pairs_t_intrin(src: str = "bfloat16", native: bool = True) -> tuple[str, str]:
+def pack_pairs_t_intrin(
+    src: str = "bfloat16", native: bool = True, region: tuple[int, ...] = ()
+) -> tuple[str, str]:
     """Register (once) the transposing weight-packing intrinsic for a 16 x 32 ``src`` tile
-    (bf16, or fp32 rounded on the way, with ``vcvtneps2bf16`` when ``native``); return its
-    name and the LLVM IR to import."""
+    (bf16, or fp32 rounded on the way, with ``vcvtneps2bf16`` when ``native``), in a source
+    tile of shape ``region`` if given; return its name and the LLVM IR to import."""
     from_f32 = src == "float32"
     native = native and from_f32
     function = transpose.function_name(32, from_f32, native=native)
-    name = PACK_PAIRS_T_INTRIN + function.removeprefix(transpose.intrin_name(32))
+    name = PACK_PAIRS_T_INTRIN + function.removeprefix(transpose.intrin_name(32)) + _suffix(region)
     if TensorIntrin.get(name, allow_missing=True) is None:
-        TensorIntrin.register(name, *_pack_intrin(src, function, transposed=True))
+        TensorIntrin.register(name, *_pack_intrin(src, function, True, region))
     return name, transpose.llvm_ir(32, to_bf16=from_f32, native=native)

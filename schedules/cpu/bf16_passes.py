@@ -134,10 +134,12 @@ def _tensorize_pack(sch: s_tir.Schedule, block, mark: str, native: bool = True) 
     loops = sch.get_loops(block)
     make = pack_pairs_intrin if mark == PACK_PAIRS else pack_pairs_t_intrin
     for src in ("bfloat16", "float32"):
-        intrin, llvm_ir = make(src, native)
         try:
             trial = sch.copy()  # a failed tensorize must leave no trace in ``sch``
-            trial.tensorize(trial.blockize(trial.get_loops(block)[-2]), intrin)
+            tile = trial.blockize(trial.get_loops(block)[-2])
+            rows = 2 if mark == PACK_PAIRS else 16
+            intrin, llvm_ir = make(src, native, _tile_region(trial.get(tile), rows))
+            trial.tensorize(tile, intrin)
         except s_tir.schedule.ScheduleError:
             continue
         sch.unannotate(block, mark)
@@ -145,6 +147,17 @@ def _tensorize_pack(sch: s_tir.Schedule, block, mark: str, native: bool = True) 
         sch.annotate(loops[0], "pragma_import_llvm", llvm_ir)
         return True
     return False
+
+
+def _tile_region(tile: s_tir.SBlock, rows: int) -> tuple[int, ...]:
+    """The shape of the source tile a blockized packing step reads, where its source has more
+    than two axes (a weight read through layout ops: ``qkv[tokens, batch, features]``) and the
+    tile is ``rows`` x 32 between unit axes, else ``()``: the intrinsics' two-axis tile."""
+    extents = [r.extent for r in tile.reads[0].region] if len(tile.reads) == 1 else []
+    if len(extents) <= 2 or not all(isinstance(e, tirx.IntImm) for e in extents):
+        return ()
+    shape = tuple(int(e) for e in extents)
+    return shape if [e for e in shape if e != 1] == [rows, 32] else ()
 
 
 def _vectorize_pack(sch: s_tir.Schedule, block, mark: str) -> None:
