@@ -148,7 +148,7 @@ def find_gemm(sch: s_tir.Schedule) -> SBlockRV | None:
     """
     if has_gather(sch):
         return find_conv_gemm(sch)
-    return _gemm_of_rounded_weight(sch) or find_matmul_block(sch)
+    return _gemm_of_rounded_weight(sch) or find_matmul_block(sch, keep_gathers=True)
 
 
 def _gemm_of_rounded_weight(sch: s_tir.Schedule) -> SBlockRV | None:

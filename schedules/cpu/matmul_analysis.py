@@ -18,10 +18,13 @@ _S, _I, _J, _K = IterKind.kIter_S, IterKind.kIter_I, IterKind.kIter_J, IterKind.
 _T = IterKind.kIter_T
 
 
-def find_matmul_block(sch: s_tir.Schedule) -> SBlockRV | None:
+def find_matmul_block(sch: s_tir.Schedule, keep_gathers: bool = False) -> SBlockRV | None:
     """Return the single gemm-like reduction block of ``sch``, or ``None``.
 
-    Spatial producers of the block (casts, transposes) are inlined into it first.
+    Spatial producers of the block (casts, transposes) are inlined into it first. With
+    ``keep_gathers``, a producer whose inlining would leave the block no gemm (a layout chain
+    that reads ``qkv[tokens, batch, h * dim + d]``) stays a producer instead, for the rule to
+    inline into its operand copy or packing.
     """
     blocks = sch.get_child_blocks(get_root_block(sch))
     reductions = get_reduction_blocks(sch, blocks)
@@ -29,12 +32,32 @@ def find_matmul_block(sch: s_tir.Schedule) -> SBlockRV | None:
         return None
     main = reductions[0]
     try:
-        auto_inline_producers(sch, main)
+        if keep_gathers:
+            _inline_einsum_producers(sch, main)
+        else:
+            auto_inline_producers(sch, main)
     except ScheduleError:
         return None
     if iter_kinds(sch.get(main)) is None:
         return None
     return main
+
+
+def _inline_einsum_producers(sch: s_tir.Schedule, main: SBlockRV) -> None:
+    """Inline each producer of ``main`` whose inlining keeps ``main`` a gemm, until none."""
+    inlined = True
+    while inlined:
+        inlined = False
+        for producer in sch.get_producers(main):
+            trial = sch.copy()
+            try:
+                trial.compute_inline(producer)
+            except ScheduleError:
+                continue
+            if iter_kinds(trial.get(main)) is not None:
+                sch.compute_inline(producer)
+                inlined = True
+                break
 
 
 def _is_one(expr: tirx.PrimExpr) -> bool:
