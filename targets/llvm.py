@@ -206,13 +206,19 @@ def partition_passes(target: tvm.target.Target, _policy) -> list:
 
 def fusion_passes(target: tvm.target.Target) -> list:
     """With avx512_bf16: attention's scores kernel merged with its softmax, where the bf16 CPU
-    rule schedules the pair as one (``schedules/cpu/bf16_softmax.py``)."""
+    rule schedules the pair as one (``schedules/cpu/bf16_softmax.py``); then the head split's
+    copies merged into each other and into the packing of the GEMMs that read them as ``B``
+    (``relay_passes/gemm_layout.py``)."""
+    from tvmamp.relay_passes.gemm_layout import FuseLayoutIntoGemm
     from tvmamp.relay_passes.gemm_softmax import FuseGemmSoftmax
-    from tvmamp.schedules.cpu.bf16_softmax import schedules
+    from tvmamp.schedules.cpu.bf16_softmax import schedules, schedules_gemm
 
     if not has_bf16(target):
         return []
-    return [FuseGemmSoftmax(lambda kernel: schedules(target, kernel))]
+    return [
+        FuseGemmSoftmax(lambda kernel: schedules(target, kernel)),
+        FuseLayoutIntoGemm(lambda kernel: schedules_gemm(target, kernel)),
+    ]
 
 
 def intrinsic_families(target: tvm.target.Target) -> tuple[str, ...]:

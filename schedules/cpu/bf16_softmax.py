@@ -21,7 +21,7 @@ from ..guard import Guarded
 from ..x86 import amx_intrin
 from ..x86 import bf16_intrin as intrin
 from . import bf16_amx as amx
-from .bf16_common import is_bf16_matmul, k_is_innermost, root_blocks
+from .bf16_common import PACK_PAIRS, PACK_PAIRS_T, is_bf16_matmul, k_is_innermost, root_blocks
 from .bf16_matmul import (
     CPUMatmulBF16,
     make_plan,
@@ -31,6 +31,7 @@ from .bf16_matmul import (
     tile,
     use_amx,
 )
+from .bf16_passes import _tensorize_pack
 from .common import NotApplicable, is_reduction, use_parallel, vectorize_tile
 from .matmul_analysis import normalize
 
@@ -47,6 +48,37 @@ def schedules(target: Target, func: tirx.PrimFunc) -> bool:
     (:class:`tvmamp.relay_passes.gemm_softmax.FuseGemmSoftmax` merges only such pairs)."""
     with target:  # Guarded: a failure of the rule is a "no", logged, never a failed build
         return Guarded(CPUGemmSoftmaxBF16()).apply(func, target, False) is not None
+
+
+def schedules_gemm(target: Target, func: tirx.PrimFunc) -> bool:
+    """Whether a bf16 GEMM rule (this module's, or :class:`CPUMatmulBF16`) schedules ``func``
+    on ``target`` with its packing of ``B`` on the packing intrinsics: a GEMM kernel with a
+    layout kernel merged into ``B``
+    (:class:`tvmamp.relay_passes.gemm_layout.FuseLayoutIntoGemm` merges only such).
+
+    A padded ``B`` (ViT's 197 keys) falls to a gather per vector when it reads through the
+    layout, 2-5x slower than its copy and the ragged packing of the copy (measured on ViT-S/16,
+    BENCHMARKS.md); such a merge is declined.
+    """
+    with target:
+        for rule in (CPUGemmSoftmaxBF16(), CPUMatmulBF16()):
+            sch = Guarded(rule).apply(func, target, False)
+            if sch is not None:
+                return _packs_tensorize(sch)
+    return False
+
+
+def _packs_tensorize(sch: s_tir.Schedule) -> bool:
+    """Whether ``sch`` packs ``B`` in blocks the rule marked, and each takes its intrinsic."""
+    scheduled = s_tir.Schedule(sch.mod["main"])
+    marked = [
+        (block, mark)
+        for block in root_blocks(scheduled)
+        for mark in (PACK_PAIRS, PACK_PAIRS_T)
+        if mark in scheduled.get(block).annotations
+    ]
+    # no mark: a pack of ragged panels, a vector gather (not measured against the copy)
+    return bool(marked) and all(_tensorize_pack(scheduled, block, mark) for block, mark in marked)
 
 
 class CPUGemmSoftmaxBF16(CPUMatmulBF16):
