@@ -92,6 +92,22 @@ def _per_column(operand: relax.Expr, columns: int) -> bool:
     return shape in ((), (columns,))
 
 
+def epilogue_argument(value: relax.Expr | None, var: relax.Var) -> int | None:
+    """The argument of the elementwise ``value`` (bound to ``var``) that has its shape, when
+    every other argument is one value per column: ``value`` then gives the same values row by
+    row on any arrangement of the rows."""
+    if not isinstance(value, relax.Call) or str(getattr(value.op, "name", "")) not in (
+        _EPILOGUE_OPS
+    ):
+        return None
+    shape = _shape(var)
+    full = [i for i, arg in enumerate(value.args) if _shape(arg) == shape and shape]
+    if len(full) != 1:
+        return None
+    others = [arg for i, arg in enumerate(value.args) if i != full[0]]
+    return full[0] if all(_per_column(arg, shape[-1]) for arg in others) else None
+
+
 @relax.expr_functor.mutator
 class _Rewriter(PyExprMutator):
     def __init__(self, mod: tvm.IRModule):
@@ -186,27 +202,13 @@ class _Rewriter(PyExprMutator):
             value = self.values.get(current)
             if call_of(value, _MATMUL) is not None:
                 break
-            index = self._chain_argument(value, current)
+            index = epilogue_argument(value, current)
             if index is None:
                 return None
             chain.insert(0, (current, value, index))
             current = value.args[index]
         operands = self._unflattened_operands(value, out)
         return None if operands is None else (current, operands, chain)
-
-    def _chain_argument(self, value, var) -> int | None:
-        """The argument of the elementwise ``value`` (bound to ``var``) that has its shape, when
-        every other argument is one value per column."""
-        if not isinstance(value, relax.Call) or str(getattr(value.op, "name", "")) not in (
-            _EPILOGUE_OPS
-        ):
-            return None
-        shape = _shape(var)
-        full = [i for i, arg in enumerate(value.args) if _shape(arg) == shape and shape]
-        if len(full) != 1:
-            return None
-        others = [arg for i, arg in enumerate(value.args) if i != full[0]]
-        return full[0] if all(_per_column(arg, shape[-1]) for arg in others) else None
 
     def _unflattened_operands(self, matmul: relax.Call, out: tuple[int, ...]):
         """``(a, b, out_dtype)`` such that ``matmul(a, b)`` has shape ``out`` and the values of

@@ -173,6 +173,8 @@ def partition_passes(target: tvm.target.Target, _policy) -> list:
     - a sequence cut into many slices (an unrolled GRU's steps) as one split, so that the
       steps share one kernel; a split feeding only elementwise ops (an LSTM's gates) as slices
       that fuse with them; a group norm as an instance norm of the tensor viewed by groups;
+    - a transpose of a matmul's input rows (torch's batch-first attention) moved into the
+      copies after the matmul (``relay_passes/row_layout.py``);
     - strided transposed convs as sub-pixel convs (no multiply-adds on the zeros of a dilated
       input), except the bf16 ones that the conv-to-GEMM pass runs as a GEMM plus col2im;
     - with avx512_bf16: bf16 convolutions as im2col + GEMM on NHWC rows (the bf16 GEMM
@@ -190,12 +192,13 @@ def partition_passes(target: tvm.target.Target, _policy) -> list:
     from tvmamp.relay_passes.depthwise_planes import DepthwisePlanes
     from tvmamp.relay_passes.fast_math import FastMath
     from tvmamp.relay_passes.group_norm_as_instance_norm import GroupNormAsInstanceNorm
+    from tvmamp.relay_passes.row_layout import SinkRowLayoutBelowMatmul
     from tvmamp.relay_passes.slices_to_split import SlicesToSplit
     from tvmamp.relay_passes.split_to_slices import SplitToSlices
     from tvmamp.relay_passes.weight_transpose import FuseWeightTranspose
 
     first = [Conv1dAsConv2d(), Conv3dAsConv2d(), SlicesToSplit(), SplitToSlices()]
-    first.append(GroupNormAsInstanceNorm())
+    first += [GroupNormAsInstanceNorm(), SinkRowLayoutBelowMatmul()]
     if not has_bf16(target):
         return [*first, ConvTransposeToSubPixel(), DepthwisePlanes(), FastMath()]
     gemm = Conv2dToGemm("bfloat16")
