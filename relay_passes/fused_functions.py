@@ -59,6 +59,12 @@ def is_bf16_gemm(func: tirx.PrimFunc) -> bool:
     return reduces and reads == ["bfloat16"] * 2 and str(block.writes[0].source.dtype) == "float32"
 
 
+def bf16_gemm_calls(mod: tvm.IRModule, calls: list[relax.Call]) -> list[relax.Call]:
+    """The calls among ``calls`` of a legalized bf16 matmul (:func:`is_bf16_gemm`)."""
+    gemms = [c for c in calls if op_pattern(prim_func(mod, c)) == OUT_ELEMWISE_FUSABLE]
+    return [c for c in gemms if is_bf16_gemm(prim_func(mod, c))]
+
+
 def merged_function(
     name: str, producer: relax.Function, consumer: relax.Function, index: int = 0
 ) -> relax.Function:
@@ -106,6 +112,7 @@ __all__ = [
     "INJECTIVE",
     "OUT_ELEMWISE_FUSABLE",
     "all_within",
+    "bf16_gemm_calls",
     "fused_kernel",
     "is_bf16_gemm",
     "merged_function",

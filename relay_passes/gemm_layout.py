@@ -34,9 +34,8 @@ from tvmamp.tensors import static_shape
 from .bindings import use_counts
 from .fused_functions import (
     INJECTIVE,
-    OUT_ELEMWISE_FUSABLE,
+    bf16_gemm_calls,
     fused_kernel,
-    is_bf16_gemm,
     merged_function,
     op_pattern,
     prim_func,
@@ -102,8 +101,7 @@ def _b_param(mod: tvm.IRModule, func: relax.Function) -> relax.Var | None:
     calls = primitive_calls(func)
     if not calls:
         return None
-    gemms = [c for c in calls if op_pattern(prim_func(mod, c)) == OUT_ELEMWISE_FUSABLE]
-    gemms = [c for c in gemms if is_bf16_gemm(prim_func(mod, c))]
+    gemms = bf16_gemm_calls(mod, calls)
     if len(gemms) != 1:
         return None
     b = gemms[0].args[1].fields[1]

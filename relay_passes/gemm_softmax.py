@@ -28,12 +28,10 @@ from .bindings import rebind, use_counts
 from .fused_functions import (
     BROADCAST,
     ELEMWISE,
-    OUT_ELEMWISE_FUSABLE,
     all_within,
+    bf16_gemm_calls,
     fused_kernel,
-    is_bf16_gemm,
     merged_function,
-    op_pattern,
     prim_func,
     primitive_calls,
 )
@@ -48,8 +46,8 @@ def _is_scores(mod: tvm.IRModule, func: relax.Function) -> bool:
     calls = primitive_calls(func)
     if not calls or static_shape(func.body.body.ty) is None:
         return False
-    gemms = [c for c in calls if op_pattern(prim_func(mod, c)) == OUT_ELEMWISE_FUSABLE]
-    if len(gemms) != 1 or not is_bf16_gemm(prim_func(mod, gemms[0])):
+    gemms = bf16_gemm_calls(mod, calls)
+    if len(gemms) != 1:
         return False
     (gemm,) = gemms
     params = list(func.params)
