@@ -77,12 +77,7 @@ def tensorize_packs(mod: tvm.IRModule) -> tvm.IRModule:
     for gvar, func in mod.functions_items():
         if isinstance(func, tirx.PrimFunc):
             sch = s_tir.Schedule(func)
-            marked = [
-                (b, mark)
-                for b in root_blocks(sch)
-                for mark in (PACK_PAIRS, PACK_PAIRS_T)
-                if mark in sch.get(b).annotations
-            ]
+            marked = _marked_packs(sch)
             native = gvar not in folded
             for block, mark in marked:
                 if _tensorize_pack(sch, block, mark, native):
@@ -97,6 +92,25 @@ def tensorize_packs(mod: tvm.IRModule) -> tvm.IRModule:
             if marked:
                 updates[gvar] = sch.mod["main"]
     return _with_functions(mod, updates)
+
+
+def _marked_packs(sch: s_tir.Schedule) -> list:
+    """``(block, mark)`` of each root block of ``sch`` marked :data:`PACK_PAIRS` or
+    :data:`PACK_PAIRS_T`."""
+    return [
+        (block, mark)
+        for block in root_blocks(sch)
+        for mark in (PACK_PAIRS, PACK_PAIRS_T)
+        if mark in sch.get(block).annotations
+    ]
+
+
+def packs_take_intrinsics(func: tirx.PrimFunc) -> bool:
+    """Whether the scheduled ``func`` packs ``B`` in marked blocks and each takes its packing
+    intrinsic (no vector gather per pair row; an unmarked pack of ragged panels is one)."""
+    sch = s_tir.Schedule(func)
+    marked = _marked_packs(sch)
+    return bool(marked) and all(_tensorize_pack(sch, block, mark) for block, mark in marked)
 
 
 def _folded_functions(mod: tvm.IRModule) -> set:

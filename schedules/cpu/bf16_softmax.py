@@ -21,7 +21,7 @@ from ..guard import Guarded
 from ..x86 import amx_intrin
 from ..x86 import bf16_intrin as intrin
 from . import bf16_amx as amx
-from .bf16_common import PACK_PAIRS, PACK_PAIRS_T, is_bf16_matmul, k_is_innermost, root_blocks
+from .bf16_common import is_bf16_matmul, k_is_innermost, root_blocks
 from .bf16_matmul import (
     CPUMatmulBF16,
     make_plan,
@@ -31,7 +31,7 @@ from .bf16_matmul import (
     tile,
     use_amx,
 )
-from .bf16_passes import _tensorize_pack
+from .bf16_passes import packs_take_intrinsics
 from .common import NotApplicable, is_reduction, use_parallel, vectorize_tile
 from .matmul_analysis import normalize
 
@@ -64,21 +64,8 @@ def schedules_gemm(target: Target, func: tirx.PrimFunc) -> bool:
         for rule in (CPUGemmSoftmaxBF16(), CPUMatmulBF16()):
             sch = Guarded(rule).apply(func, target, False)
             if sch is not None:
-                return _packs_tensorize(sch)
+                return packs_take_intrinsics(sch.mod["main"])
     return False
-
-
-def _packs_tensorize(sch: s_tir.Schedule) -> bool:
-    """Whether ``sch`` packs ``B`` in blocks the rule marked, and each takes its intrinsic."""
-    scheduled = s_tir.Schedule(sch.mod["main"])
-    marked = [
-        (block, mark)
-        for block in root_blocks(scheduled)
-        for mark in (PACK_PAIRS, PACK_PAIRS_T)
-        if mark in scheduled.get(block).annotations
-    ]
-    # no mark: a pack of ragged panels, a vector gather (not measured against the copy)
-    return bool(marked) and all(_tensorize_pack(scheduled, block, mark) for block, mark in marked)
 
 
 class CPUGemmSoftmaxBF16(CPUMatmulBF16):
