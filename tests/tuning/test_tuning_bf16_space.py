@@ -246,3 +246,39 @@ def test_log_intrinsics_are_registered_before_replay(tmp_path):
     (tmp_path / "database_tuning_record.json").write_text(f'[0, [[["Tensorize", ["{fresh}"]]]]]\n')
     register_log_intrinsics(str(tmp_path))
     assert TensorIntrin.get(fresh, allow_missing=True) is not None
+
+
+def _head_split_attention() -> relax.Function:
+    """Attention on heads split from one ``qkv[tokens, batch, 3 * heads * dim]`` tensor, as
+    torch's ``nn.MultiheadAttention`` splits them (2 heads of 32, 32 tokens, batch 2)."""
+    bb = relax.BlockBuilder()
+    qkv = relax.Var("qkv", relax.TensorType((32, 2, 192), "float32"))
+    with bb.function("main", [qkv]):
+        with bb.dataflow():
+            x = bb.emit(relax.op.reshape(qkv, (32, 2, 3, 2, 32)))
+            x = bb.emit(relax.op.permute_dims(x, [2, 1, 3, 0, 4]))
+            q, k, v = (
+                bb.emit(relax.op.squeeze(relax.op.strided_slice(x, [0], [i], [i + 1]), [0]))
+                for i in range(3)
+            )
+            s = bb.emit(relax.op.matmul(q, relax.op.permute_dims(k, [0, 1, 3, 2])))
+            p = bb.emit(relax.op.nn.softmax(relax.op.multiply(s, relax.const(0.125)), axis=-1))
+            # an epilogue, so that P @ V is a fused function (a bare call is not merged into)
+            out = bb.emit_output(relax.op.multiply(relax.op.matmul(p, v), relax.const(2.0)))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_a_kernel_packing_through_layout_ops_is_measured_with_its_packing_split_out():
+    """TVM's RemoveWeightLayoutRewriteBlock aborts on a packing that reads ``qkv[s, b, h * 32 +
+    d + 64]`` (relay_passes/gemm_layout.py merges such reads into the GEMM kernels): the
+    measured kernel gets its packing split out first, as for a padded weight."""
+    from tvmamp.tuning.packed_weights import for_measuring, measured_args
+
+    tasks = extract_tasks(tvmamp.convert(_head_split_attention(), "O2", VDPBF16PS, "bfloat16"))
+    gathered = [t for t in tasks if t.name.endswith("_gather_b")]
+    assert len(gathered) == 2, [t.name for t in tasks]
+    for task in gathered:
+        space = _spaces(task.mod["main"], VDPBF16PS)[0]
+        assert not for_measuring(space.mod).same_as(space.mod)
+        assert measured_args(space.mod)  # aborted in TVM before

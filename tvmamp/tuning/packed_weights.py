@@ -21,10 +21,12 @@ def for_measuring(mod: tvm.IRModule) -> tvm.IRModule:
 
     meta_schedule's builder and runner drop the weight-packing blocks and pass the packed
     weight instead, but TVM's RemoveWeightLayoutRewriteBlock only accepts a block that copies
-    (it fails on the guarded copy that pads a ragged weight). The build splits such blocks out
-    with Relax's ``SplitLayoutRewritePreproc``, so the kernel is timed as the build runs it.
+    from bare iterators (it fails on the guarded copy that pads a ragged weight, and aborts on
+    a packing that reads through layout ops, ``qkv[s, b, h * 64 + d]``: see
+    :mod:`tvmamp.relay_passes.gemm_layout`). The build splits such blocks out with Relax's
+    ``SplitLayoutRewritePreproc``, so the kernel is timed as the build runs it.
     """
-    if not _has_guarded_preproc(mod):
+    if not _has_unplain_preproc(mod):
         return mod
     func = mod["main"]
     *inputs, output = func.params
@@ -44,13 +46,17 @@ def _tensor_type(buffer) -> relax.TensorType:
     return relax.TensorType([int(x) for x in buffer.shape], str(buffer.dtype))
 
 
-def _has_guarded_preproc(mod: tvm.IRModule) -> bool:
+def _has_unplain_preproc(mod: tvm.IRModule) -> bool:
+    """Whether a weight-packing block of ``mod`` is more than a copy from bare iterators."""
     sch = s_tir.Schedule(mod)
     for block_rv in sch.get_child_blocks(get_root_block(sch)):
         block = sch.get(block_rv)
         body = block.body
-        if PREPROC in block.annotations and not (
-            isinstance(body, tirx.BufferStore) and isinstance(body.value, tvm.ir.expr.TensorLoad)
-        ):
+        plain = (
+            isinstance(body, tirx.BufferStore)
+            and isinstance(body.value, tvm.ir.expr.TensorLoad)
+            and all(isinstance(i, tirx.Var) for i in body.value.indices)
+        )
+        if PREPROC in block.annotations and not plain:
             return True
     return False
