@@ -122,7 +122,8 @@ class FuseLayoutIntoGemm:
 
     def __init__(self, schedules: Callable[[tirx.PrimFunc], bool]):
         self.schedules = schedules
-        self._verdicts: dict = {}  # (layout, reader, index) -> merged function or None
+        self._verdicts: dict = {}  # (layout, reader, index) -> (merged function, name) or None
+        self._composed: set = set()  # the functions _compose_all has looked at
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         """Merge until no layout kernel of a non-primitive function can be merged."""
