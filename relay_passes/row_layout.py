@@ -37,7 +37,7 @@ _MATMUL = tvm.ir.Op.get("relax.matmul")
 _PERMUTE = tvm.ir.Op.get("relax.permute_dims")
 _RESHAPE = tvm.ir.Op.get("relax.reshape")
 # Ops that only rearrange or select elements: the readers a sunk rearrangement joins.
-_LAYOUT_OPS = frozenset(
+LAYOUT_OPS = frozenset(
     tvm.ir.Op.get(f"relax.{name}")
     for name in ("permute_dims reshape expand_dims squeeze strided_slice split flatten").split()
 )
@@ -157,7 +157,7 @@ class _Rewriter(PyExprMutator):
         layout op's result: ``L`` of the epilogue of ``matmul(x, W)`` (which keeps
         ``binding``'s name), and the name of its binding."""
         readers = self.readers.get(binding.var, [])
-        if not readers or any(getattr(r, "op", None) not in _LAYOUT_OPS for r in readers):
+        if not readers or any(getattr(r, "op", None) not in LAYOUT_OPS for r in readers):
             return None
         plan = self._chain(binding.var) if self.uses.get(binding.var, 0) == len(readers) else None
         if plan is None:
@@ -168,7 +168,7 @@ class _Rewriter(PyExprMutator):
         if layout is None or self.uses.get(a, 0) != 1:
             return None
         x = layout.args[0]
-        if getattr(self.values.get(x), "op", None) in _LAYOUT_OPS:
+        if getattr(self.values.get(x), "op", None) in LAYOUT_OPS:
             return None
         value = self._rebuilt(self.visit_expr(x), matmul_var, chain)
         if value is None:

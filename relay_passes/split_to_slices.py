@@ -1,4 +1,4 @@
-"""SplitToSlices: a ``split`` whose parts only feed elementwise ops becomes one slice per part.
+"""SplitToSlices: a ``split`` whose parts only feed elementwise or layout ops becomes slices.
 
 ``split`` is a kernel of its own with one output per part (a tuple), and ``FuseOps`` fuses
 nothing through a tuple: an LSTM step ran ``add + split`` of its gate pre-activations, then the
@@ -7,9 +7,13 @@ work behind a kernel call. A ``strided_slice`` per part is an injective op that 
 elementwise consumers, so the slices, gates and cell update become one kernel reading the gate
 matmul's result in place.
 
-Only splits into at most :data:`MAX_PARTS` parts along a static axis, whose every part is read
-by elementwise ops alone, are rewritten: a part that feeds a matmul (an attention's q/k/v) would
-be a copy either way, and a split over time steps (a decomposed GRU reads its input projection
+The same holds for parts read by layout ops (``reshape``, ``permute_dims``, ``squeeze``): an
+attention's ``q``, ``k``, ``v`` split from one projection (ONNX exports of torch attention)
+become three slice chains, each one copy kernel, which :mod:`.gemm_layout` then merges into the
+packing of the GEMMs that read ``K^T`` and ``V`` instead of a whole copy of the projection
+first. Only splits into at most :data:`MAX_PARTS` parts along a static axis, whose every part is
+read by elementwise or layout ops alone, are rewritten: a part that feeds a matmul directly
+would be a copy either way, and a split over time steps (a decomposed GRU reads its input projection
 as 50 parts, one per step) would put a different slice offset in each step's kernel, so no two
 steps' kernels would be the same function any more: 48 kernels to compile instead of one, and
 an 80 s build where 6 s had done.
@@ -22,6 +26,7 @@ from tvm import relax
 from tvm.relax import PyExprMutator
 
 from .conv2d_rows import BINARY_OPS, UNARY_OPS
+from .row_layout import LAYOUT_OPS
 
 _SPLIT = tvm.ir.Op.get("relax.split")
 # Gates (an LSTM's 4, a GLU's 2); more parts are a sequence's steps (see the module docstring).
@@ -35,7 +40,7 @@ ELEMENTWISE = frozenset(UNARY_OPS + BINARY_OPS) | frozenset(
 
 @tvm.transform.module_pass(opt_level=0, name="tvmamp.SplitToSlices")
 class SplitToSlices:
-    """Rewrite each ``split`` whose parts feed only elementwise ops into per-part slices."""
+    """Rewrite each ``split`` whose parts feed only elementwise or layout ops into slices."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         """Rewrite the splits of every Relax function of ``mod``; the unused ones are removed."""
@@ -51,7 +56,7 @@ class SplitToSlices:
 
 def _sliceable_parts(func: relax.Function) -> dict:
     """``TupleGetItem`` variable -> ``(data, axis, begin, end)`` for each part of a split that
-    only elementwise ops read, when every part of that split is read that way."""
+    only elementwise or layout ops read, when every part of that split is read that way."""
     bindings = [b for block in func.body.blocks for b in block.bindings]
     splits = {
         b.var: b.value
@@ -74,7 +79,7 @@ def _sliceable_parts(func: relax.Function) -> dict:
         direct = [u for u in users.get(split_var, []) if not isinstance(u, relax.TupleGetItem)]
         if not mine or direct or split_var in outputs:
             continue
-        if any(v in outputs or not _elementwise_users(users.get(v, [])) for v in mine):
+        if any(v in outputs or not _fusable_users(users.get(v, [])) for v in mine):
             continue
         bounds = _bounds(split)
         for var, part in mine.items():
@@ -83,8 +88,11 @@ def _sliceable_parts(func: relax.Function) -> dict:
     return found
 
 
-def _elementwise_users(values: list) -> bool:
-    return bool(values) and all(isinstance(v, relax.Call) and v.op in ELEMENTWISE for v in values)
+def _fusable_users(values: list) -> bool:
+    """Whether ``values`` are elementwise or layout ops (a slice fuses into either)."""
+    return bool(values) and all(
+        isinstance(v, relax.Call) and (v.op in ELEMENTWISE or v.op in LAYOUT_OPS) for v in values
+    )
 
 
 def _bounds(split: relax.Call) -> list[tuple[int, int]] | None:

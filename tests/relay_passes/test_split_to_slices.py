@@ -1,4 +1,4 @@
-"""SplitToSlices: splits read only by elementwise ops become slices that fuse with them."""
+"""SplitToSlices: splits read only by elementwise or layout ops become slices that fuse."""
 
 from __future__ import annotations
 
@@ -49,12 +49,45 @@ def test_a_part_read_by_a_matmul_keeps_the_split():
         def main(x: R.Tensor((4, 12), "float32"), w: R.Tensor((4, 5), "float32")):
             with R.dataflow():
                 parts = R.split(x, indices_or_sections=3, axis=1)
-                q = R.matmul(R.permute_dims(parts[0]), w)
+                q = R.matmul(parts[0], w)
                 k = R.sigmoid(parts[1])
                 R.output(q, k)
             return (q, k)
 
     tvm.ir.assert_structural_equal(SplitToSlices()(QKV), QKV)
+
+
+def test_heads_split_by_layout_ops_become_slices():
+    """An ONNX export's ``q, k, v = split(qkv)`` read by the head split's reshapes and
+    transposes: each part becomes a slice that joins its layout chain."""
+
+    @tvm.script.ir_module
+    class Before:
+        @R.function
+        def main(x: R.Tensor((2, 8, 12), "float32")):
+            with R.dataflow():
+                parts = R.split(x, indices_or_sections=3, axis=2)
+                q = R.permute_dims(R.reshape(parts[0], (2, 8, 2, 2)), [0, 2, 1, 3])
+                k = R.permute_dims(R.reshape(parts[1], (2, 8, 2, 2)), [0, 2, 3, 1])
+                v = R.squeeze(R.reshape(parts[2], (2, 8, 1, 4)), [2])
+                R.output(q, k, v)
+            return (q, k, v)
+
+    @tvm.script.ir_module
+    class After:
+        @R.function
+        def main(x: R.Tensor((2, 8, 12), "float32")):
+            with R.dataflow():
+                p0 = R.strided_slice(x, axes=[2], begin=[0], end=[4])
+                q = R.permute_dims(R.reshape(p0, (2, 8, 2, 2)), [0, 2, 1, 3])
+                p1 = R.strided_slice(x, axes=[2], begin=[4], end=[8])
+                k = R.permute_dims(R.reshape(p1, (2, 8, 2, 2)), [0, 2, 3, 1])
+                p2 = R.strided_slice(x, axes=[2], begin=[8], end=[12])
+                v = R.squeeze(R.reshape(p2, (2, 8, 1, 4)), [2])
+                R.output(q, k, v)
+            return (q, k, v)
+
+    tvm.ir.assert_structural_equal(SplitToSlices()(Before), After)
 
 
 def test_lstm_gates_fuse_and_match_torch():
