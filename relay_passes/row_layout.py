@@ -10,9 +10,11 @@ of copies anyway.
 
 :class:`SinkRowLayoutBelowMatmul` moves such an op from a matmul's input to the epilogue's
 result, when the input is not itself the result of a layout op and every reader of the
-epilogue's result is one: the rearrangement then joins that chain of copies, which ``FuseOps``
-makes one kernel and :mod:`.gemm_layout` merges into the GEMMs' packing. Every value it moves
-across must have no other reader. It rewrites until nothing moves; binding names are kept for
+epilogue's result is a copying layout op (``permute_dims``, ``strided_slice``, ``split``) or a
+view (``reshape``, ``squeeze``) whose readers are: the rearrangement then joins that chain of
+copies, which ``FuseOps`` makes one kernel and :mod:`.gemm_layout` merges into the GEMMs'
+packing. (A view alone would become a copy of the wider result.) Every value it moves across
+must have no other reader. It rewrites until nothing moves; binding names are kept for
 per-node precision control, and the moved op is named after the matmul (``<matmul>_rows``).
 
 The other direction, the output projection's transpose back to batch-first moved above the
@@ -40,6 +42,10 @@ _RESHAPE = tvm.ir.Op.get("relax.reshape")
 LAYOUT_OPS = frozenset(
     tvm.ir.Op.get(f"relax.{name}")
     for name in ("permute_dims reshape expand_dims squeeze strided_slice split flatten").split()
+)
+# Those of them that the VM runs as views of their input (RewriteDataflowReshape), no copy.
+_VIEW_OPS = frozenset(
+    tvm.ir.Op.get(f"relax.{name}") for name in ("reshape expand_dims squeeze flatten").split()
 )
 _MAX_ROUNDS = 8
 
@@ -99,10 +105,12 @@ class _Rewriter(PyExprMutator):
         self.values: dict = {}  # var -> bound value, of the function being rewritten
         self.uses: dict = {}  # var -> how many times it is read
         self.readers: dict = {}  # var -> the values that read it
+        self.vars: dict = {}  # bound value -> its var
         self.moved = False
 
     def start(self, func: relax.Function) -> None:
         self.values, self.uses = bound_values(func), use_counts(func)
+        self.vars = {value: var for var, value in self.values.items()}
         self.readers = {}
         for value in self.values.values():
             for arg in getattr(value, "args", []):
@@ -152,14 +160,28 @@ class _Rewriter(PyExprMutator):
             value, name = relax.Call(call.op, args, call.attrs, call.ty_args), var.name
         return value
 
+    def _copied(self, var: relax.Var) -> bool:
+        """Whether every reader of ``var`` is a copying layout op, or a view whose readers are
+        (so the moved rearrangement joins a copy that is made anyway, never adds one)."""
+        readers = self.readers.get(var, [])
+        if not readers or self.uses.get(var, 0) != len(readers):
+            return False
+        for reader in readers:
+            op = getattr(reader, "op", None)
+            if op in _VIEW_OPS and not self._copied(self.vars[reader]):
+                return False
+            if op not in LAYOUT_OPS:
+                return False
+        return True
+
     def _sunk(self, binding: relax.VarBinding) -> tuple[relax.Expr, str] | None:
         """``binding`` = ``epilogue(matmul(L(x), W))`` read only by layout ops, with ``x`` no
         layout op's result: ``L`` of the epilogue of ``matmul(x, W)`` (which keeps
         ``binding``'s name), and the name of its binding."""
         readers = self.readers.get(binding.var, [])
-        if not readers or any(getattr(r, "op", None) not in LAYOUT_OPS for r in readers):
+        if not readers or not self._copied(binding.var):
             return None
-        plan = self._chain(binding.var) if self.uses.get(binding.var, 0) == len(readers) else None
+        plan = self._chain(binding.var)
         if plan is None:
             return None
         matmul_var, chain = plan

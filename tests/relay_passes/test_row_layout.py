@@ -31,19 +31,23 @@ def _module(params, body):
 
 
 def test_input_rearrangement_sinks_below_the_matmul_into_the_copies_after_it():
-    """``reshape(astype(matmul(permute(x), w)))``: the transpose moves to the reshape chain, so
-    the matmul reads ``x`` as it is."""
+    """``permute(reshape(astype(matmul(permute(x), w))))``: the transpose moves into the copy
+    after the matmul (the head split), so the matmul reads ``x`` as it is."""
 
     def params():
         return [_tensor("x", (2, 3, 16)), _tensor("w", (16, 8))]
 
     def before(bb, x, w):
         m = bb.emit(relax.op.matmul(bb.emit(relax.op.permute_dims(x, [1, 0, 2])), w))
-        return relax.op.reshape(bb.emit(relax.op.astype(m, "float16")), (3, 2, 2, 4))
+        heads = bb.emit(relax.op.reshape(bb.emit(relax.op.astype(m, "float16")), (3, 2, 2, 4)))
+        return relax.op.permute_dims(heads, [1, 2, 0, 3])
 
     def after(bb, x, w):
         m = bb.emit(relax.op.astype(bb.emit(relax.op.matmul(x, w)), "float16"))
-        return relax.op.reshape(bb.emit(relax.op.permute_dims(m, [1, 0, 2])), (3, 2, 2, 4))
+        heads = bb.emit(
+            relax.op.reshape(bb.emit(relax.op.permute_dims(m, [1, 0, 2])), (3, 2, 2, 4))
+        )
+        return relax.op.permute_dims(heads, [1, 2, 0, 3])
 
     got = SinkRowLayoutBelowMatmul()(_module(params(), before))
     tvm.ir.assert_structural_equal(got, _module(params(), after))
@@ -53,6 +57,7 @@ def test_input_rearrangement_sinks_below_the_matmul_into_the_copies_after_it():
     "case",
     [
         "reader-not-a-copy",
+        "reader-only-a-view",
         "input-already-a-copy",
         "output-side",
         "per-element-operand",
@@ -67,6 +72,9 @@ def test_moves_that_would_cost_a_copy_or_change_values_are_left(case):
         if case == "reader-not-a-copy":  # sinking would add a transposing copy before exp
             m = bb.emit(relax.op.matmul(bb.emit(relax.op.permute_dims(x, [1, 0, 2])), w))
             return relax.op.exp(m)
+        if case == "reader-only-a-view":  # the reshape is free; sinking would make it a copy
+            m = bb.emit(relax.op.matmul(bb.emit(relax.op.permute_dims(x, [1, 0, 2])), w))
+            return relax.op.reshape(m, (3, 2, 2, 4))
         if case == "input-already-a-copy":  # the transpose joins x's copy where it is
             t = bb.emit(relax.op.permute_dims(bb.emit(relax.op.reshape(x, (3, 2, 16))), [1, 0, 2]))
             return relax.op.reshape(bb.emit(relax.op.matmul(t, w)), (6, 8))
