@@ -70,8 +70,7 @@ class SinkRowLayoutBelowMatmul:
 
 
 def _shape(expr: relax.Expr) -> tuple[int, ...] | None:
-    ty = getattr(expr, "ty", None)
-    return static_shape(ty) if isinstance(ty, relax.TensorType) else None
+    return static_shape(getattr(expr, "ty", None))  # None for a non-tensor or dynamic shape
 
 
 def _row_layout(value: relax.Expr | None) -> relax.Call | None:

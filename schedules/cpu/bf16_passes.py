@@ -147,11 +147,11 @@ def _tensorize_pack(sch: s_tir.Schedule, block, mark: str, native: bool = True) 
     """
     loops = sch.get_loops(block)
     make = pack_pairs_intrin if mark == PACK_PAIRS else pack_pairs_t_intrin
+    rows = 2 if mark == PACK_PAIRS else 16  # the tile's rows in B's source
     for src in ("bfloat16", "float32"):
         try:
             trial = sch.copy()  # a failed tensorize must leave no trace in ``sch``
             tile = trial.blockize(trial.get_loops(block)[-2])
-            rows = 2 if mark == PACK_PAIRS else 16
             intrin, llvm_ir = make(src, native, _tile_region(trial.get(tile), rows))
             trial.tensorize(tile, intrin)
         except s_tir.schedule.ScheduleError:
