@@ -269,8 +269,8 @@ def register_log_intrinsics(records_text: str) -> None:
     from tvmamp.schedules.x86 import amx_intrin, bf16_intrin
 
     bf16_intrin.register()
-    for k, scope in sorted(set(amx_intrin.NAME_PATTERN.findall(records_text))):
-        amx_intrin.amx_intrin(int(k), scope)
+    for cols, k, scope in sorted(set(amx_intrin.NAME_PATTERN.findall(records_text))):
+        amx_intrin.amx_intrin(int(k), scope, int(cols) // amx_intrin.COLS)
 
 
 ENTRY = register_target(

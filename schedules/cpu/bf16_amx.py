@@ -27,6 +27,13 @@ TILE_K = amx_intrin.K_STEP  # bf16 values of K in one A tile row (64 bytes)
 # accumulator) the two plans measured within noise end to end, so those keep K blocks of 1024.
 AUTO_N_BLOCK = 512
 SHORT_K_BLOCK = 1024
+# Most 32-column panels one call of the kernel walks with the same 32 rows of A: the call, its
+# tile configuration and the zeroing of the accumulator are paid once for all of them. Four keep
+# a local 32 x 128 fp32 accumulator (16 KiB) in L1 beside the A block.
+PANELS_PER_CALL = 4
+# The most padding of J, as a share of its 32-column panels, that a column block not dividing
+# them may add (:func:`_parallel_blocks`).
+MAX_COLUMN_PADDING = 0.02
 ACCUMULATOR_BYTES = 512 << 10
 WEIGHT_SLICE_BYTES = 1 << 20
 
@@ -54,6 +61,11 @@ class AMXPlan:
     k_block: int
     k_padded: int
     row_chunks: int = 1
+
+    @property
+    def call_panels(self) -> int:
+        """32-column panels per kernel call: see :func:`call_panels`."""
+        return call_panels(self.n_block)
 
     @property
     def k_blocked(self) -> bool:
@@ -114,33 +126,50 @@ def _parallel_blocks(extents: list[int], max_panels: int, cores: int) -> tuple[i
     """Return (32-column panels per column block, row chunks) for ``cores`` parallel workers.
 
     The parallel tasks are ``S x column blocks x row chunks``; each does ``rows / chunks``
-    rows of one column block. Among the column blocks that divide the padded ``J`` (at most
-    ``max_panels`` panels, so the weight slice stays in L2) and the row chunks that divide the
-    padded ``I`` into 32-row blocks, the choice keeps the busiest core's work within a tenth of
-    the least possible and, among those, reads the fewest bytes (each task reads its rows of
-    ``A`` and its slice of the weight). On one core that is the widest column block with the
-    rows uncut. With only the column blocks in parallel, a 1024-column gemm had two tasks, and
-    14 of 16 threads idled.
+    rows of one column block. Among the column blocks of at most ``max_panels`` panels (so the
+    weight slice stays in L2) and the row chunks that divide the padded ``I`` into 32-row
+    blocks, the choice keeps the busiest core's work within a tenth of the least possible and,
+    among those, reads the fewest bytes (each task reads its rows of ``A`` and its slice of the
+    weight). On one core that is the widest column block with the rows uncut. With only the
+    column blocks in parallel, a 1024-column gemm had two tasks, and 14 of 16 threads idled.
+
+    A column block either divides the padded ``J`` or pads it to whole blocks by at most
+    :data:`MAX_COLUMN_PADDING` of its panels: GPT-2's 50257-column LM head has a prime 1571
+    panels, which no wider block divides, and would walk ``A`` once per 32 columns.
     """
     rows = -(-extents[1] // amx_intrin.ROWS)
     panels = -(-extents[2] // amx_intrin.COLS)
 
     def cost(choice: tuple[int, int]) -> tuple[int, int]:
         n_panels, chunks = choice
-        tasks = extents[0] * (panels // n_panels) * chunks
+        blocks = -(-panels // n_panels)
+        tasks = extents[0] * blocks * chunks
         busiest = -(-tasks // cores) * (rows // chunks) * n_panels
-        reads = extents[0] * ((panels // n_panels) * rows + chunks * panels)
+        reads = extents[0] * (blocks * rows + chunks * blocks * n_panels)
         return busiest, reads
 
-    choices = [(n, c) for n in divisors(panels) if n <= max(1, max_panels) for c in divisors(rows)]
+    widths = [
+        n
+        for n in range(1, max(1, max_panels) + 1)
+        if -(-panels // n) * n <= panels * (1 + MAX_COLUMN_PADDING)
+    ]
+    choices = [(n, c) for n in widths for c in divisors(rows)]
     least = min(cost(c)[0] for c in choices)
     near = [c for c in choices if cost(c)[0] <= least * 1.1]  # a tenth more: reads decide
     return min(near, key=lambda c: cost(c)[::-1])
 
 
+def call_panels(columns: int) -> int:
+    """The most 32-column panels, at most :data:`PANELS_PER_CALL`, that divide ``columns`` (a
+    multiple of 32): how many one kernel call walks."""
+    panels = columns // amx_intrin.COLS
+    return max(d for d in divisors(panels) if d <= max(1, PANELS_PER_CALL))
+
+
 def padding(plan: AMXPlan) -> list[int]:
-    """Return the ``pad_einsum`` factors of ``[S, I, J, K]`` for the AMX kernel."""
-    return [1, amx_intrin.ROWS, amx_intrin.COLS, plan.k_block]
+    """Return the ``pad_einsum`` factors of ``[S, I, J, K]`` for the AMX kernel: ``J`` to whole
+    column blocks, ``K`` to whole reduction blocks."""
+    return [1, amx_intrin.ROWS, plan.n_block, plan.k_block]
 
 
 def pack_tiles(sch: s_tir.Schedule, pack: SBlockRV) -> None:
@@ -158,18 +187,20 @@ def pack_tiles(sch: s_tir.Schedule, pack: SBlockRV) -> None:
 
 
 def schedule(sch: s_tir.Schedule, main: SBlockRV, target: Target, plan: AMXPlan) -> None:
-    """Block ``main`` (padded ``[S, I, J, K]``) and tensorize its 32 x 32 x ``k_block`` tiles.
+    """Block ``main`` (padded ``[S, I, J, K]``) and tensorize its 32 x ``32 * call_panels`` x
+    ``k_block`` blocks.
 
     The loops are ``(S * J / n_block * row_chunks, K / k_block, I / 32 / row_chunks,
-    n_block / 32)`` outside the kernel, the first in parallel: each 32-row block of ``A`` is
-    reused across ``n_block`` columns while the weight slice stays in cache. Without ``K``
-    blocking each 32 x 32 fp32 block is a ``local`` buffer; with it, an ``I / row_chunks x
-    n_block`` buffer accumulates across the ``K`` blocks. The epilogue is fused into
-    whichever holds the result.
+    n_block / 32 / call_panels)`` outside the kernel, the first in parallel: each 32-row block
+    of ``A`` is reused across ``n_block`` columns while the weight slice stays in cache. Without
+    ``K`` blocking each call's fp32 block is a ``local`` buffer; with it, an ``I / row_chunks x
+    n_block`` buffer accumulates across the ``K`` blocks. The epilogue is fused into whichever
+    holds the result.
     """
     extents = [int(iv.dom.extent) for iv in sch.get(main).iter_vars]
     s, i, j, k = sch.get_loops(main)
-    j_outer, j_mid, j_inner = sch.split(j, [None, plan.n_block // amx_intrin.COLS, amx_intrin.COLS])
+    per_call = plan.call_panels * amx_intrin.COLS
+    j_outer, j_mid, j_inner = sch.split(j, [None, plan.n_block // per_call, per_call])
     i_chunk, i_outer, i_inner = sch.split(i, [plan.row_chunks, None, amx_intrin.ROWS])
     if plan.k_blocked:
         k_outer, k = sch.split(k, [None, plan.k_block])
@@ -186,7 +217,7 @@ def schedule(sch: s_tir.Schedule, main: SBlockRV, target: Target, plan: AMXPlan)
         sch.parallel(outer)
     init = sch.decompose_reduction(main, k_outer if plan.k_blocked else i_inner)
     vectorize_16_lanes(sch, init)
-    sch.tensorize(i_inner, amx_intrin.amx_intrin(plan.k_block, scope))
+    sch.tensorize(i_inner, amx_intrin.amx_intrin(plan.k_block, scope, plan.call_panels))
     sch.annotate(outer, "pragma_import_llvm", amx_intrin.AMX_LLVM_IR)
 
 

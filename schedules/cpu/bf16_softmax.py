@@ -123,11 +123,11 @@ def schedule(
             pack_a=amx.pack_tiles,
             shared=shared,
         )
-        row_block, acc, reduction = _tile_amx(sch, main)
+        row_block, acc, reduction, panels = _tile_amx(sch, main)
         _scores_and_softmax(sch, acc, row_block, target, extents, amx.vectorize_16_lanes)
         init = sch.decompose_reduction(main, reduction)
         amx.vectorize_16_lanes(sch, init)
-        _tensorize_amx(sch, row_block, reduction, amx_plan.k_block)
+        _tensorize_amx(sch, row_block, reduction, amx_plan.k_block, panels)
         return
     plan = make_plan(extents, config)
     prepare(sch, main, target, plan.padding, a_contiguous, shared=shared)
@@ -155,24 +155,27 @@ def plan_key(extents: list[int], target: Target, config: CPUMatmulBF16.Config) -
 
 
 def _tile_amx(sch: s_tir.Schedule, main: SBlockRV) -> tuple:
-    """Loops ``(S * I / 32, J / 32, 32, 32, K)``: a 32-row block, then its 32 x 32 tiles.
+    """Loops ``(S * I / 32, J / c, 32, c, K)`` with ``c = 32 * call_panels``: a 32-row block,
+    then the column blocks of one kernel call each.
 
-    Returns the row-block loop, the tile's accumulator block (``local``, written back after
-    each tile) and the tile's row loop, which the AMX intrinsic replaces.
+    Returns the row-block loop, the call's accumulator block (``local``, written back after
+    each call), the call's row loop, which the AMX intrinsic replaces, and its panels.
     """
     s, i, j, k = sch.get_loops(main)
+    panels = amx.call_panels(int(sch.get(j).extent))
     i_outer, i_inner = sch.split(i, [None, amx_intrin.ROWS])
-    j_outer, j_inner = sch.split(j, [None, amx_intrin.COLS])
+    j_outer, j_inner = sch.split(j, [None, amx_intrin.COLS * panels])
     sch.reorder(s, i_outer, j_outer, i_inner, j_inner, k)
     row_block = sch.fuse(s, i_outer)
     acc = sch.cache_write(main, 0, "local")
     sch.reverse_compute_at(acc, j_outer, preserve_unit_loops=True)
-    return row_block, acc, i_inner
+    return row_block, acc, i_inner, panels
 
 
-def _tensorize_amx(sch: s_tir.Schedule, row_block, tile_rows, k_block: int) -> None:
-    """The AMX micro-kernel on each 32 x 32 x ``k_block`` tile (its loops from ``tile_rows``)."""
-    sch.tensorize(tile_rows, amx_intrin.amx_intrin(k_block, "local"))
+def _tensorize_amx(sch: s_tir.Schedule, row_block, tile_rows, k_block: int, panels: int) -> None:
+    """The AMX micro-kernel on each 32 x ``32 * panels`` x ``k_block`` block (its loops from
+    ``tile_rows``)."""
+    sch.tensorize(tile_rows, amx_intrin.amx_intrin(k_block, "local", panels))
     sch.annotate(row_block, "pragma_import_llvm", amx_intrin.AMX_LLVM_IR)
 
 

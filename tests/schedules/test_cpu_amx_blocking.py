@@ -13,7 +13,14 @@ from tvm.s_tir import dlight as dl
 
 from tvmamp.pipeline import legalize_passes
 from tvmamp.schedules.cpu import CPUMatmulBF16
-from tvmamp.schedules.cpu.bf16_amx import WEIGHT_SLICE_BYTES, auto_n_block, make_plan
+from tvmamp.schedules.cpu.bf16_amx import (
+    MAX_COLUMN_PADDING,
+    WEIGHT_SLICE_BYTES,
+    auto_n_block,
+    call_panels,
+    make_plan,
+    padding,
+)
 from tvmamp.schedules.cpu.bf16_passes import SplitPreproc
 from tvmamp.targets.llvm import _host_flags
 
@@ -90,6 +97,39 @@ def test_plan_gives_every_core_work(extents, cores, expected):
     assert busiest <= 1.25 * -(-extents[0] * rows * panels // cores)  # 32 x 32 blocks
 
 
+@pytest.mark.parametrize(
+    ("extents", "cores", "n_block"),
+    [
+        ([1, 128, 50257, 384], 1, 512),  # GPT-2's LM head: 1571 panels, a prime; pads 13
+        ([1, 128, 30522, 768], 1, 512),  # BERT's vocabulary: 954 panels, 16 divide none
+        ([1, 40, 1690, 64], 1, 288),  # 53 panels (prime): 9-panel blocks pad one
+        ([1, 64, 544, 2100], 1, 32),  # 17 panels: a wider block would pad 6 %
+        ([1, 128, 50257, 384], 16, 480),  # 15-panel blocks: 105 of them for 16 cores
+    ],
+)
+def test_column_blocks_may_pad_a_prime_panel_count_a_little(extents, cores, n_block):
+    plan = make_plan(extents, None, CPUMatmulBF16.Config().amx_k_block, cores)
+    assert plan.n_block == n_block
+    padded = -(-extents[2] // plan.n_block) * plan.n_block
+    assert padded <= -(-extents[2] // 32) * 32 * (1 + MAX_COLUMN_PADDING)
+    assert padding(plan)[2] == plan.n_block
+
+
+@pytest.mark.parametrize(
+    ("columns", "expected"), [(32, 1), (64, 2), (96, 3), (128, 4), (288, 3), (512, 4), (160, 1)]
+)
+def test_a_kernel_call_walks_at_most_four_panels_that_divide_the_block(columns, expected):
+    assert call_panels(columns) == expected
+
+
+def test_lm_head_kernel_pads_columns_to_whole_blocks_of_several_panels_per_call():
+    """53 column panels (prime): 9-panel blocks, J padded from 1696 to 1728, 3 panels a call."""
+    b = np.random.default_rng(0).standard_normal((64, 1690)).astype(ml_dtypes.bfloat16)
+    text = _kernel_text(_schedule(_gemm_relu(40, 64, 1690, b), CPUMatmulBF16.Config()))
+    assert "tvmamp_amx_bf16_32xn" in text and "T.int64(3))" in text
+    assert "T.int64(108), T.int64(32), T.int64(16), T.int64(2)" in text  # 1728 / 16 panels
+
+
 def _gemm_relu(m: int, k: int, n: int, weight=None) -> tvm.IRModule:
     """``relu(x[m, k] @ w[k, n])`` in bf16 with fp32 output; ``w`` a constant when given."""
     bb = relax.BlockBuilder()
@@ -127,7 +167,7 @@ def test_k_blocked_kernel_matches_float64(rng, m, k, n, constant):
     b = rng.standard_normal((k, n)).astype(ml_dtypes.bfloat16)
     mod = _schedule(_gemm_relu(m, k, n, b if constant else None), config)
     text = _kernel_text(mod)
-    assert "tvmamp_amx_bf16_32x32" in text
+    assert "tvmamp_amx_bf16_32xn" in text
     acc = [line for line in text.splitlines() if "C = T.match_buffer" in line]
     # One K block: 32 x 32 local tiles; several: a global fp32 buffer accumulates across them.
     assert acc and all(('scope="local"' in line) == (k <= 512) for line in acc), acc
@@ -146,7 +186,7 @@ def test_amx_for_fewer_than_32_rows_pads_them_and_matches_float64(rng, m):
     a = rng.standard_normal((m, k)).astype(ml_dtypes.bfloat16)
     b = rng.standard_normal((k, n)).astype(ml_dtypes.bfloat16)
     mod = _schedule(_gemm_relu(m, k, n, b), config)
-    assert "tvmamp_amx_bf16_32x32" in _kernel_text(mod)
+    assert "tvmamp_amx_bf16_32xn" in _kernel_text(mod)
     if "amx_bf16" not in _host_flags():
         pytest.skip("the host CPU lacks amx_bf16 (scheduled, not run)")
     vm = relax.VirtualMachine(tvm.compile(mod, target=AMX), tvm.cpu())

@@ -241,11 +241,12 @@ def test_log_intrinsics_are_registered_before_replay(tmp_path):
     name = amx_intrin.amx_intrin(64, "global")  # the name pattern the log scan looks for
     assert amx_intrin.NAME_PATTERN.fullmatch(name)
     k = 32 * 77  # a reduction length nothing registered yet
-    fresh = name.replace("32x32x64_global", f"32x32x{k}_local")
-    assert TensorIntrin.get(fresh, allow_missing=True) is None
-    (tmp_path / "database_tuning_record.json").write_text(f'[0, [[["Tensorize", ["{fresh}"]]]]]\n')
+    fresh = [name.replace("32x32x64_global", f"32x{cols}x{k}_local") for cols in (32, 96)]
+    assert all(TensorIntrin.get(f, allow_missing=True) is None for f in fresh)
+    traces = ", ".join(f'[["Tensorize", ["{f}"]]]' for f in fresh)
+    (tmp_path / "database_tuning_record.json").write_text(f"[0, [{traces}]]\n")
     register_log_intrinsics(str(tmp_path))
-    assert TensorIntrin.get(fresh, allow_missing=True) is not None
+    assert all(TensorIntrin.get(f, allow_missing=True) is not None for f in fresh)
 
 
 def _head_split_attention() -> relax.Function:
