@@ -82,6 +82,23 @@ def test_ragged_shapes_and_batch_one(rng, target, instruction, flag, m, k, n):
     assert _rel_err(out, a.astype("float64") @ b.astype("float64")) <= 1e-2
 
 
+@pytest.mark.parametrize(("k", "loops"), [(96, [6, 2, 8]), (40, [2, 20]), (16, [2, 8])])
+def test_a_run_time_weight_is_packed_16_rows_at_a_time_across_its_columns(k, loops):
+    """K in whole blocks of 16 rows: the blocks outermost, then the 32-column blocks and the
+    pairs of each (else one column block down all of K); the pair helper packs every tile."""
+    mod, _ = _compile(_gemm(64, k, 64), VDPBF16PS)
+    pack = next(f for gv, f in mod.functions_items() if gv.name_hint.endswith("weight_prepack"))
+    text = pack.script()
+    extents = [
+        int(e)
+        for line in text.split("T.call_extern")[0].splitlines()
+        if " for " in line
+        for e in re.findall(r"T\.int64\((\d+)\)", line.split(" in ", 1)[1])
+    ]
+    assert extents == loops, text
+    assert "tvmamp_pack_pairs_2x32" in text
+
+
 @pytest.mark.parametrize(("m", "k", "n"), [(300, 64, 32), (64, 40, 48), (257, 96, 1024)])
 def test_row_tiles_run_in_parallel_when_column_tasks_are_too_few(rng, m, k, n):
     """16 cores: 1, 2 or 32 column tasks; the row tiles join them in the parallel loop."""
