@@ -13,8 +13,8 @@ from tvm import relax
 from tvm.s_tir import TensorIntrin
 
 from tvmamp.pipeline import legalize_passes
-from tvmamp.schedules.cpu import CPUMatmulBF16, cpu_schedule_passes, default_cpu_rules
-from tvmamp.schedules.cpu.bf16_matmul import make_plan
+from tvmamp.schedules.cpu import CPUMatmulBF16, bf16_matmul, cpu_schedule_passes, default_cpu_rules
+from tvmamp.schedules.cpu.bf16_matmul import make_plan, row_tiles_per_block
 from tvmamp.schedules.x86 import bf16_intrin
 from tvmamp.targets.llvm import _host_flags
 
@@ -80,6 +80,35 @@ def test_ragged_shapes_and_batch_one(rng, target, instruction, flag, m, k, n):
     vm = relax.VirtualMachine(exe, tvm.cpu())
     out = vm["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(b)).numpy()
     assert _rel_err(out, a.astype("float64") @ b.astype("float64")) <= 1e-2
+
+
+@pytest.mark.parametrize(
+    ("extents", "tiles"),
+    [
+        ([1, 4096, 4096, 4096], 128),  # 32 MiB of A: blocks of 128 row tiles (8 MiB)
+        ([1, 2048, 4096, 4096], 128),
+        ([1, 1024, 4096, 4096], None),  # 8 MiB: fits
+        ([1, 4112, 4096, 4096], None),  # 514 row tiles: only blocks of 2 would fit
+    ],
+)
+def test_a_larger_than_the_cache_is_cut_into_blocks_of_row_tiles(extents, tiles):
+    assert row_tiles_per_block(make_plan(extents, CPUMatmulBF16.Config())) == tiles
+
+
+@pytest.mark.parametrize("cores", [1, 2])
+@pytest.mark.parametrize("constant", [True, False], ids=["const_w", "runtime_w"])
+def test_blocks_of_row_tiles_match_float64(rng, monkeypatch, cores, constant):
+    """33 row tiles of 96 values, blocks of 3 (a 4.6 KB limit): each block walks every strip."""
+    _needs_host("avx512_bf16")
+    monkeypatch.setattr(bf16_matmul, "A_BLOCK_BYTES", 8 * 96 * 2 * 3)
+    target = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": cores})
+    a, b = _bf16(rng, (264, 96)), _bf16(rng, (96, 64))
+    mod, exe = _compile(_gemm(264, 96, 64, b if constant else None), target)
+    gemm = next(f for gv, f in mod.functions_items() if gv.name_hint.endswith("prepacked"))
+    assert re.search(r"for \w+ in range\(T\.int64\(11\)\)", gemm.script()), gemm.script()
+    vm = relax.VirtualMachine(exe, tvm.cpu())
+    args = [tvm.runtime.tensor(a)] + ([] if constant else [tvm.runtime.tensor(b)])
+    assert _rel_err(vm["main"](*args).numpy(), a.astype("float64") @ b.astype("float64")) <= 1e-2
 
 
 @pytest.mark.parametrize(("k", "loops"), [(96, [6, 2, 8]), (40, [2, 20]), (16, [2, 8])])
