@@ -34,11 +34,11 @@ from .common import (
     inline_epilogue,
     is_reduction,
     parallel_with_rows,
+    row_block_tiles,
     use_parallel,
     vectorize_tile,
 )
 from .matmul_analysis import find_matmul_block, iter_kinds, normalize
-from .parallel import divisors
 
 
 class CPUMatmulBF16(CPURule):
@@ -196,13 +196,6 @@ class Plan:
 # run-time 4096 x 1024 weight packed in 0.35 instead of 0.52 ms and 1024 x 4096 in 0.30
 # instead of 0.49 (Zen5, paired; 4 and 32 rows were slower, 1024 x 512 unchanged).
 PACK_BLOCK_ROWS = 16
-# Largest ``A`` (bf16 bytes per batch) whose row tiles all walk each weight strip in turn; a
-# larger one is cut into blocks of rows of at most this size, each walking the whole weight,
-# so that it stays in the last-level cache while the weight streams past. Zen5, one thread,
-# paired: 4096^3 407 -> 505 GFLOP/s, 2048 x 4096 x 4096 451 -> 506 (two threads: 804 -> 973,
-# 866 -> 933); GEMMs with ``A`` of 8-16 MiB and K <= 4096 unchanged.
-A_BLOCK_BYTES = 8 << 20
-
 # Fewest accumulators of a register tile one row shorter than the configured one: 7 x 2 hides
 # the vdpbf16ps latency, 6 x 2 did not (a 49-row GEMM ran 6 % slower than padded to 8 rows).
 MIN_SHORTER_ACCUMULATORS = 14
@@ -409,25 +402,12 @@ def _parallel_outer(sch: s_tir.Schedule, block: SBlockRV, target: Target) -> Non
         sch.parallel(sch.fuse(*loops[:2]))
 
 
-def row_tiles_per_block(plan: Plan) -> int | None:
-    """Row tiles per block of ``A`` when ``A`` (bf16, per batch) exceeds :data:`A_BLOCK_BYTES`:
-    the most that divide the row tiles and fit it. None when ``A`` fits, or when no divisor
-    reaches half the fit (a block of a few row tiles would stream the weight once for each)."""
-    rows = -(-plan.extents[1] // plan.tile_i)
-    row_bytes = plan.tile_i * plan.extents[3] * 2
-    if rows * row_bytes <= A_BLOCK_BYTES:
-        return None
-    fit = max(1, A_BLOCK_BYTES // row_bytes)
-    tiles = max(d for d in divisors(rows) if d <= fit)
-    return tiles if 2 * tiles >= fit else None
-
-
 def tile(sch: s_tir.Schedule, main: SBlockRV, plan: Plan, rows_outside: bool = False) -> tuple:
     """Order the loops ``(S * J / tj, I / ti, K / 2, ti, tj / 16, 16, 2)``; with
     ``rows_outside``, ``(S * I / ti, J / tj, ...)`` (a row block walks all its column tiles,
     as the merged scores and softmax of :mod:`.bf16_softmax` need). An ``A`` larger than
-    :data:`A_BLOCK_BYTES` adds a serial loop over blocks of row tiles outermost
-    (:func:`row_tiles_per_block`).
+    :data:`.common.A_BLOCK_BYTES` adds a serial loop over blocks of row tiles outermost
+    (:func:`.common.row_block_tiles`).
 
     Returns the fused outer loop, the loop inside it, the pair loop and the 16-lane loop that
     the intrinsic replaces.
@@ -437,7 +417,7 @@ def tile(sch: s_tir.Schedule, main: SBlockRV, plan: Plan, rows_outside: bool = F
     j_outer, j_vec, j_lane = sch.split(j, [None, plan.tile_j // intrin.LANES, intrin.LANES])
     k_outer, k_pair = sch.split(k, [None, intrin.PAIR])
     first, second = (i_outer, j_outer) if rows_outside else (j_outer, i_outer)
-    tiles = None if rows_outside else row_tiles_per_block(plan)
+    tiles = None if rows_outside else row_block_tiles(plan.extents, plan.tile_i, 2)
     if tiles is None:
         sch.reorder(s, first, second, k_outer, i_inner, j_vec, j_lane, k_pair)
     else:  # blocks of A's rows that stay in the last-level cache while the weight streams past

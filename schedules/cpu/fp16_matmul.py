@@ -21,6 +21,7 @@ from .common import (
     inline_epilogue,
     largest_divisor,
     parallel_with_rows,
+    row_block_tiles,
     use_parallel,
     vector_bits,
     vector_lanes,
@@ -226,7 +227,9 @@ def _pack_panels(sch: s_tir.Schedule, pack: SBlockRV, tile_j: int) -> None:
 
 
 def _tile(sch: s_tir.Schedule, main: SBlockRV, plan: Plan, lanes: int) -> tuple:
-    """Order the loops ``(S * J / tj, I / ti, K / uk, uk, ti, tj / lanes, lanes)``.
+    """Order the loops ``(S * J / tj, I / ti, K / uk, uk, ti, tj / lanes, lanes)``; a widened
+    ``A`` larger than :data:`.common.A_BLOCK_BYTES` adds a serial loop over blocks of row tiles
+    outermost (:func:`.common.row_block_tiles`).
 
     Returns the fused outer loop, the row-tile loop, the outer reduction loop and the lane
     loop that the intrinsic replaces.
@@ -235,7 +238,12 @@ def _tile(sch: s_tir.Schedule, main: SBlockRV, plan: Plan, lanes: int) -> tuple:
     i_outer, i_inner = sch.split(i, [None, plan.tile_i])
     j_outer, j_vec, j_lane = sch.split(j, [None, plan.tile_j // lanes, lanes])
     k_outer, k_inner = sch.split(k, [None, plan.unroll_k])
-    sch.reorder(s, j_outer, i_outer, k_outer, k_inner, i_inner, j_vec, j_lane)
+    tiles = row_block_tiles(plan.extents, plan.tile_i, 4)  # A is widened to fp32
+    if tiles is None:
+        sch.reorder(s, j_outer, i_outer, k_outer, k_inner, i_inner, j_vec, j_lane)
+    else:
+        i_block, i_outer = sch.split(i_outer, [None, tiles])
+        sch.reorder(i_block, s, j_outer, i_outer, k_outer, k_inner, i_inner, j_vec, j_lane)
     for loop in (k_inner, i_inner, j_vec):
         sch.unroll(loop)
     return sch.fuse(s, j_outer), i_outer, k_outer, j_lane

@@ -13,8 +13,9 @@ from tvm import relax
 from tvm.s_tir import TensorIntrin
 
 from tvmamp.pipeline import legalize_passes
-from tvmamp.schedules.cpu import CPUMatmulBF16, bf16_matmul, cpu_schedule_passes, default_cpu_rules
-from tvmamp.schedules.cpu.bf16_matmul import make_plan, row_tiles_per_block
+from tvmamp.schedules.cpu import CPUMatmulBF16, common, cpu_schedule_passes, default_cpu_rules
+from tvmamp.schedules.cpu.bf16_matmul import make_plan
+from tvmamp.schedules.cpu.common import row_block_tiles
 from tvmamp.schedules.x86 import bf16_intrin
 from tvmamp.targets.llvm import _host_flags
 
@@ -92,7 +93,8 @@ def test_ragged_shapes_and_batch_one(rng, target, instruction, flag, m, k, n):
     ],
 )
 def test_a_larger_than_the_cache_is_cut_into_blocks_of_row_tiles(extents, tiles):
-    assert row_tiles_per_block(make_plan(extents, CPUMatmulBF16.Config())) == tiles
+    plan = make_plan(extents, CPUMatmulBF16.Config())
+    assert row_block_tiles(plan.extents, plan.tile_i, 2) == tiles
 
 
 @pytest.mark.parametrize("cores", [1, 2])
@@ -100,7 +102,7 @@ def test_a_larger_than_the_cache_is_cut_into_blocks_of_row_tiles(extents, tiles)
 def test_blocks_of_row_tiles_match_float64(rng, monkeypatch, cores, constant):
     """33 row tiles of 96 values, blocks of 3 (a 4.6 KB limit): each block walks every strip."""
     _needs_host("avx512_bf16")
-    monkeypatch.setattr(bf16_matmul, "A_BLOCK_BYTES", 8 * 96 * 2 * 3)
+    monkeypatch.setattr(common, "A_BLOCK_BYTES", 8 * 96 * 2 * 3)
     target = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": cores})
     a, b = _bf16(rng, (264, 96)), _bf16(rng, (96, 64))
     mod, exe = _compile(_gemm(264, 96, 64, b if constant else None), target)

@@ -10,7 +10,7 @@ from tvm import relax
 import tvmamp
 from tvmamp import models
 from tvmamp.pipeline import legalize_passes
-from tvmamp.schedules.cpu import cpu_schedule_passes, default_cpu_rules
+from tvmamp.schedules.cpu import common, cpu_schedule_passes, default_cpu_rules
 from tvmamp.schedules.cpu.fp16_matmul import CPUMatmulFP16, make_plan
 from tvmamp.targets.llvm import _host_flags
 
@@ -92,6 +92,24 @@ def test_constant_weight_numerics_and_compile_time_packing(rng, target, flag, m,
     assert weight.dtype == np.float16 and weight.ndim == 4  # [1, J / tile, K, tile] panels
     assert weight.shape[2] == k and weight.shape[1] * weight.shape[3] >= n
     assert weight.shape[3] % (16 if target is AVX512 else 8) == 0
+    out = vm["main"](tvm.runtime.tensor(a)).numpy()
+    assert _rel_err(out, a.astype("float64") @ b.astype("float64")) <= 1e-2
+
+
+@pytest.mark.parametrize(("target", "flag"), TARGETS)
+def test_a_widened_a_larger_than_the_cache_is_walked_in_blocks_of_row_tiles(
+    rng, monkeypatch, target, flag
+):
+    """A 4.5 KiB limit: blocks of two row tiles of 72 fp32 values, each walking every panel
+    (8-row tiles with AVX-512: 10 tiles in 5 blocks; 6-row tiles with AVX2: 14 in 7)."""
+    _needs_host(flag)
+    monkeypatch.setattr(common, "A_BLOCK_BYTES", 8 * 72 * 4 * 2)
+    a, b = _fp16(rng, (80, 72)), _fp16(rng, (72, 48))
+    mod, vm = _compile(_gemm(80, 72, 48, weight=b), target)
+    kernel = next(f for _, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc))
+    blocks = 5 if target is AVX512 else 7
+    nest = kernel.script().split("x_reindex_pad[v0, v1, v2] = ")[-1]
+    assert f"in range(T.int64({blocks}))" in nest or f"T.grid(T.int64({blocks})," in nest, nest
     out = vm["main"](tvm.runtime.tensor(a)).numpy()
     assert _rel_err(out, a.astype("float64") @ b.astype("float64")) <= 1e-2
 
