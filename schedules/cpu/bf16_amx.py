@@ -10,7 +10,7 @@ from tvm.s_tir.schedule import SBlockRV
 from tvm.target import Target
 
 from ..x86 import amx_intrin
-from .common import inline_epilogue, num_cores, use_parallel
+from .common import inline_epilogue, largest_divisor, num_cores, use_parallel
 from .parallel import divisors
 
 TILE_ROWS = 16  # rows of one A tile
@@ -165,7 +165,7 @@ def call_panels(columns: int) -> int:
     """The most 32-column panels, at most :data:`PANELS_PER_CALL`, that divide ``columns`` (a
     multiple of 32): how many one kernel call walks."""
     panels = columns // amx_intrin.COLS
-    return max(d for d in divisors(panels) if d <= max(1, PANELS_PER_CALL))
+    return largest_divisor(panels, max(1, PANELS_PER_CALL))
 
 
 def padding(plan: AMXPlan) -> list[int]:

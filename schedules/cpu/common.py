@@ -16,7 +16,7 @@ from tvm.target.codegen import target_has_features
 from tvm.tirx.analysis import undefined_vars
 
 from . import transpose_intrin as transpose
-from .parallel import divisors, num_cores, row_chunks
+from .parallel import num_cores, row_chunks
 
 # Vector register width in bits, by the widest x86 feature the target has.
 _VECTOR_BITS_BY_FEATURE = (("avx512f", 512), ("avx2", 256), ("avx", 256))
@@ -163,7 +163,7 @@ def row_block_tiles(extents: list[int], tile_i: int, element_bytes: int) -> int 
     if rows * tile_bytes <= A_BLOCK_BYTES:
         return None
     fit = max(1, A_BLOCK_BYTES // tile_bytes)
-    tiles = max(d for d in divisors(rows) if d <= fit)
+    tiles = largest_divisor(rows, fit)
     return tiles if 2 * tiles >= fit else None
 
 
