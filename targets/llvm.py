@@ -169,6 +169,9 @@ def schedule_passes(target: tvm.target.Target) -> list:
 def partition_passes(target: tvm.target.Target, _policy) -> list:
     """The LLVM target's graph rewrites, in order:
 
+    - a range check on the run-time indices of every unchecked ``take`` (an embedding's
+      token ids), which raises ``IndexError`` where TVM would read past the table
+      (``relay_passes/take_bounds.py``);
     - 1-D convolutions as 2-D ones of height 1, 3-D ones as 2-D ones over depth windows;
     - a sequence cut into many slices (an unrolled GRU's steps) as one split, so that the
       steps share one kernel; a split feeding only elementwise ops (an LSTM's gates) as slices
@@ -195,9 +198,16 @@ def partition_passes(target: tvm.target.Target, _policy) -> list:
     from tvmamp.relay_passes.row_layout import SinkRowLayoutBelowMatmul
     from tvmamp.relay_passes.slices_to_split import SlicesToSplit
     from tvmamp.relay_passes.split_to_slices import SplitToSlices
+    from tvmamp.relay_passes.take_bounds import GuardTakeIndices
     from tvmamp.relay_passes.weight_transpose import FuseWeightTranspose
 
-    first = [Conv1dAsConv2d(), Conv3dAsConv2d(), SlicesToSplit(), SplitToSlices()]
+    first = [
+        GuardTakeIndices(),
+        Conv1dAsConv2d(),
+        Conv3dAsConv2d(),
+        SlicesToSplit(),
+        SplitToSlices(),
+    ]
     first += [GroupNormAsInstanceNorm(), SinkRowLayoutBelowMatmul()]
     if not has_bf16(target):
         return [*first, ConvTransposeToSubPixel(), DepthwisePlanes(), FastMath()]
