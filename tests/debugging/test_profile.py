@@ -60,6 +60,23 @@ def test_matmul_flops_are_two_m_n_k_once_the_shape_is_bound():
     assert cost.flops_for(args) == 2 * 13 * 10 * 24
 
 
+@T.prim_func(s_tir=True)
+def scaled_rows(a: T.handle, n: T.int64, out: T.handle):
+    A = T.match_buffer(a, (n, T.int64(6)), "float32")
+    Out = T.match_buffer(out, (n, T.int64(6)), "float32")
+    for i, j in T.grid(n, T.int64(6)):
+        with T.sblock("out"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            Out[vi, vj] = A[vi, vj] * T.float32(3)
+
+
+def test_a_scalar_parameter_is_bound_from_the_call():
+    """A kernel with a scalar parameter (a shape value passed in, as the index check of
+    ``relay_passes/take_bounds.py`` has) is costed, not rejected."""
+    cost = func_cost("scaled_rows", scaled_rows)
+    assert cost.flops_for([np.zeros((5, 6)), 5, np.zeros((5, 6))]) == 5 * 6
+
+
 def test_elementwise_flops_count_arithmetic_and_math_calls_not_casts():
     assert func_cost("gelu_like", gelu_like).flops == 7 * 9 * 4  # tanh, *, +, max
 

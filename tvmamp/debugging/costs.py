@@ -167,7 +167,9 @@ class KernelCost:
 
 def func_cost(name: str, func: tirx.PrimFunc) -> KernelCost:
     """The :class:`KernelCost` of one PrimFunc."""
-    params = [tuple(p.shape) if isinstance(p, tirx.Buffer) else p for p in func.params]
+    # a buffer parameter by its shape, a scalar one (a shape variable passed in) as itself;
+    # ``isinstance(p, tirx.Buffer)`` holds for every parameter Var, so test its type
+    params = [tuple(p.shape) if isinstance(p.ty, tirx.BufferType) else p for p in func.params]
     return KernelCost(name, tuple(stmt_terms(func.body)), tuple(params))
 
 
