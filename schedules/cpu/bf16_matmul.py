@@ -37,6 +37,7 @@ from .common import (
     row_block_tiles,
     use_parallel,
     vectorize_tile,
+    vectorize_whole_or_leave,
 )
 from .matmul_analysis import find_matmul_block, iter_kinds, normalize
 
@@ -382,14 +383,18 @@ def _copy_rows(sch: s_tir.Schedule, copy: SBlockRV, target: Target) -> None:
     """Vectorise the padded copy of ``A[S, I, K]`` along ``K`` (an activation pre-process).
 
     The vectors are 64 bytes (32 bf16) where ``K`` allows, else 32 bytes: a conv's gather
-    (inlined here) then copies whole channel vectors of a tap.
+    (inlined here) then copies whole channel vectors of a tap. A ``K`` of neither is one
+    vector up to :data:`.common.MAX_WHOLE_VECTOR` registers, else LLVM's loop.
     """
     inner = sch.get_loops(copy)[-1]
     extent = int(sch.get(inner).extent)
     width = next((w for w in (2 * intrin.LANES, intrin.LANES) if extent % w == 0), None)
-    if width is not None and width < extent:
-        inner = sch.split(inner, [None, width])[-1]
-    sch.vectorize(inner)
+    if width is None:
+        vectorize_whole_or_leave(sch, inner, intrin.LANES)
+    else:
+        if width < extent:
+            inner = sch.split(inner, [None, width])[-1]
+        sch.vectorize(inner)
     _parallel_outer(sch, copy, target)
     mark_preproc(sch, copy, weight=False)
 

@@ -21,13 +21,11 @@ from .common import (
     try_inline_all,
     use_parallel,
     vector_lanes,
+    vectorize_whole_or_leave,
 )
 
 # The operand fields of the TIR expressions a concat's epilogue can hold (casts, arithmetic).
 _EXPR_FIELDS = ("a", "b", "value", "condition", "true_value", "false_value")
-# A concat part not starting at 0 is vectorised whole up to this many registers (TVM's split
-# rejects such a loop; LLVM splits the wide vector).
-_MAX_WHOLE_VECTOR = 8
 # The shortest vector used to avoid fusing a whole nest (see ``_fuse_inner_loops``).
 _MIN_SHORT_LANES = 4
 
@@ -106,9 +104,8 @@ def schedule_concat(
         vector = largest_divisor(width, lanes)
         if start == 0 and vector > 1:
             sch.vectorize(sch.split(part, [None, vector])[-1])
-        elif width <= _MAX_WHOLE_VECTOR * lanes:  # split needs a loop from 0: one wide vector
-            sch.vectorize(part)
-        # else LLVM's loop vectoriser takes the part's plain, branch-free loop
+        else:  # split needs a loop from 0: one wide vector, or LLVM's loop vectoriser
+            vectorize_whole_or_leave(sch, part, lanes)
     if len(loops) > 1:
         outer = sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]
         if parallel:

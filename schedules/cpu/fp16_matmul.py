@@ -26,6 +26,7 @@ from .common import (
     vector_bits,
     vector_lanes,
     vectorize_tile,
+    vectorize_whole_or_leave,
 )
 from .matmul_analysis import find_matmul_block, normalize
 
@@ -210,8 +211,9 @@ def _widen_rows(sch: s_tir.Schedule, copy: SBlockRV, target: Target) -> None:
     extent = int(sch.get(inner).extent)
     work = extent * math.prod(int(sch.get(loop).extent) for loop in rows)
     if extent % lanes == 0:
-        inner = sch.split(inner, [None, lanes])[-1]
-    sch.vectorize(inner)
+        sch.vectorize(sch.split(inner, [None, lanes])[-1])
+    else:  # one vector, or LLVM's loop for a long ragged K (see common.MAX_WHOLE_VECTOR)
+        vectorize_whole_or_leave(sch, inner, lanes)
     if use_parallel(target, work):
         sch.parallel(sch.fuse(*rows))
 

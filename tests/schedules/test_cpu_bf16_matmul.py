@@ -130,6 +130,26 @@ def test_a_run_time_weight_is_packed_16_rows_at_a_time_across_its_columns(k, loo
     assert "tvmamp_pack_pairs_2x32" in text
 
 
+@pytest.mark.parametrize(("k", "vector"), [(1500, None), (40, 40), (96, 32), (208, 16)])
+def test_the_padded_copy_of_a_vectorises_only_whole_vectors(rng, k, vector):
+    """A ragged ``K`` (1500 = 46.9 vectors: attention's P over 1500 keys) is left to LLVM,
+    which hoists the row guard and vectorises with a remainder; vectorising all 1500 columns
+    as one TVM vector ran at 8 GB/s. A ``K`` of whole 16- or 32-lane vectors, or of at most 64
+    values, is vectorised by TVM as before."""
+    m = 130  # a ragged row count, so A is copied (padded) before the GEMM
+    mod, exe = _compile(_gemm(m, k, 64), VDPBF16PS)
+    copy = next(
+        f for gv, f in mod.functions_items() if gv.name_hint.endswith("prepacked_weight_prepack")
+    )
+    widths = [int(w) for w in re.findall(r"T\.vectorized\(T\.int64\((\d+)\)\)", copy.script())]
+    assert widths == ([] if vector is None else [vector]), copy.script()
+    if "avx512_bf16" in _host_flags():
+        a, b = _bf16(rng, (m, k)), _bf16(rng, (k, 64))
+        vm = relax.VirtualMachine(exe, tvm.cpu())
+        out = vm["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(b)).numpy()
+        assert _rel_err(out, a.astype("float64") @ b.astype("float64")) <= 1e-2
+
+
 @pytest.mark.parametrize(("m", "k", "n"), [(300, 64, 32), (64, 40, 48), (257, 96, 1024)])
 def test_row_tiles_run_in_parallel_when_column_tasks_are_too_few(rng, m, k, n):
     """16 cores: 1, 2 or 32 column tasks; the row tiles join them in the parallel loop."""
