@@ -185,9 +185,13 @@ def partition_passes(target: tvm.target.Target, _policy) -> list:
       place;
     - low-precision NCHW depthwise convs left (not on rows) reading their fp32 input without a
       cast kernel;
+    - with avx512_bf16: attention over a ragged number of keys (Whisper's 1500) padded to
+      whole vectors of keys, which the merged scores-and-softmax kernel needs, where its
+      scores are too large to stay in the cache (``relay_passes/attention_keys.py``);
     - last, exp/erf/tanh/sigmoid/silu/gelu/softmax as vectorised polynomial kernels (fp32 too:
       within 8 ulp, where TVM's libm calls run one scalar element at a time); last, so that
       the activations between convs are still ops the rows rewrite follows."""
+    from tvmamp.relay_passes.attention_keys import PadAttentionKeys
     from tvmamp.relay_passes.conv1d_as_conv2d import Conv1dAsConv2d
     from tvmamp.relay_passes.conv2d_to_gemm import Conv2dToGemm
     from tvmamp.relay_passes.conv3d_as_conv2d import Conv3dAsConv2d
@@ -200,6 +204,7 @@ def partition_passes(target: tvm.target.Target, _policy) -> list:
     from tvmamp.relay_passes.split_to_slices import SplitToSlices
     from tvmamp.relay_passes.take_bounds import GuardTakeIndices
     from tvmamp.relay_passes.weight_transpose import FuseWeightTranspose
+    from tvmamp.schedules.cpu.bf16_softmax import merges_columns
 
     first = [
         GuardTakeIndices(),
@@ -214,7 +219,9 @@ def partition_passes(target: tvm.target.Target, _policy) -> list:
     gemm = Conv2dToGemm("bfloat16")
     sub_pixel = ConvTransposeToSubPixel(leave=gemm.rewrites)  # what gemm runs on rows
     rows = [sub_pixel, gemm, FuseWeightTranspose(), DepthwisePlanes()]
-    return [*first, *rows, FastMath()]  # FastMath last: activations are still ops on the rows
+    keys = PadAttentionKeys(lambda extents: merges_columns(target, extents))
+    # FastMath last: activations are still ops on the rows
+    return [*first, *rows, keys, FastMath()]
 
 
 def fusion_passes(target: tvm.target.Target) -> list:

@@ -109,9 +109,8 @@ def schedule(
     shared = shared_operands(sch, main)
     normalize(sch, main)
     extents = [int(iv.dom.extent) for iv in sch.get(main).iter_vars]
-    limit = AMX_MAX_COLUMNS if use_amx(target, extents, config) else MAX_COLUMNS
-    if extents[2] > limit or extents[2] % intrin.LANES:
-        raise NotApplicable(f"{extents[2]} columns: not whole vectors or over {limit}")
+    if not merges_columns(target, extents, config):
+        raise NotApplicable(f"{extents[2]} columns: not whole vectors or over the limit")
     amx_plan = _amx_plan(target, extents, config)
     if amx_plan is not None and 0 not in shared:
         prepare(
@@ -136,6 +135,16 @@ def schedule(
     sch.reverse_compute_at(acc, j_outer, preserve_unit_loops=True)
     _scores_and_softmax(sch, acc, row_block, target, extents, vectorize_tile)
     tensorize_tile(sch, main, plan, row_block, k_outer, j_lane)
+
+
+def merges_columns(
+    target: Target, extents: list[int], config: CPUMatmulBF16.Config | None = None
+) -> bool:
+    """Whether the merged kernel of a GEMM ``[S, I, J, K]`` takes its ``J`` columns: whole
+    16-lane vectors, at most :data:`MAX_COLUMNS` (:data:`AMX_MAX_COLUMNS` on AMX)."""
+    config = config or CPUMatmulBF16.Config()
+    limit = AMX_MAX_COLUMNS if use_amx(target, extents, config) else MAX_COLUMNS
+    return extents[2] <= limit and extents[2] % intrin.LANES == 0
 
 
 def _amx_plan(target: Target, extents: list[int], config: CPUMatmulBF16.Config):
@@ -292,4 +301,11 @@ def _consumers_in_order(sch: s_tir.Schedule, acc: SBlockRV) -> list[SBlockRV]:
     return blocks[index + 1 :]
 
 
-__all__ = ["CPUGemmSoftmaxBF16", "merged_gemm", "plan_key", "schedule", "schedules"]
+__all__ = [
+    "CPUGemmSoftmaxBF16",
+    "merged_gemm",
+    "merges_columns",
+    "plan_key",
+    "schedule",
+    "schedules",
+]

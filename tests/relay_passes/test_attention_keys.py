@@ -1,0 +1,168 @@
+"""PadAttentionKeys: attention over a ragged number of keys padded to whole vectors of keys
+(``-inf`` scores, zero rows of ``v``), so that its scores and softmax run as one kernel."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+from tvm.script import ir as I
+from tvm.script import relax as R
+
+import tvmamp
+from tvmamp import debugging
+from tvmamp.relay_passes import attention_keys
+from tvmamp.relay_passes.attention_keys import PadAttentionKeys
+from tvmamp.targets.llvm import _host_flags
+
+
+def _inputs(queries: int, keys: int, mask_rows: int | None = None) -> list[relax.Var]:
+    mask_rows = queries if mask_rows is None else mask_rows
+    return [
+        relax.Var("q", relax.TensorType((1, 2, queries, 16), "bfloat16")),
+        relax.Var("k_t", relax.TensorType((1, 2, 16, keys), "bfloat16")),
+        relax.Var("v", relax.TensorType((1, 2, keys, 16), "bfloat16")),
+        relax.Var("mask", relax.TensorType((1, 1, mask_rows, keys), "float32")),
+    ]
+
+
+def _attention(keys: int, queries: int = 8, divide: bool = False, mask_rows=None):
+    """softmax(q @ k_t * 0.25 + mask) @ v over ``keys`` keys (2 heads of ``queries`` queries,
+    16 wide); with ``divide``, the scores divide a constant instead of being scaled."""
+    bb = relax.BlockBuilder()
+    q, k_t, v, mask = _inputs(queries, keys, mask_rows)
+    with bb.function("main", [q, k_t, v, mask]):
+        with bb.dataflow():
+            s = bb.emit(relax.op.matmul(q, k_t, out_dtype="float32"))
+            if divide:
+                x = bb.emit(relax.op.divide(relax.const(1.0, "float32"), s))
+            else:
+                x = bb.emit(relax.op.multiply(s, relax.const(0.25, "float32")))
+            x = bb.emit(relax.op.add(x, mask))
+            p = bb.emit(relax.op.nn.softmax(x, axis=-1))
+            p = bb.emit(relax.op.astype(p, "bfloat16"))
+            out = bb.emit_output(relax.op.matmul(p, v, out_dtype="float32"))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _padded_attention(keys: int, padded: int, queries: int = 8, rows: int = 8):
+    """:func:`_attention` over ``padded`` keys and ``rows`` queries, sliced to ``queries``."""
+    extra, more = padded - keys, rows - queries
+    bb = relax.BlockBuilder()
+    q, k_t, v, mask = _inputs(queries, keys)
+    bias = np.concatenate([np.zeros(keys), np.full(extra, -np.inf)]).astype("float32")
+    with bb.function("main", [q, k_t, v, mask]):
+        with bb.dataflow():
+            if more:
+                q = bb.emit(relax.op.nn.pad(q, [0, 0, 0, 0, 0, more, 0, 0]))
+            k_pad = bb.emit(relax.op.nn.pad(k_t, [0, 0, 0, 0, 0, 0, 0, extra]))
+            s = bb.emit(relax.op.matmul(q, k_pad, out_dtype="float32"))
+            x = bb.emit(relax.op.multiply(s, relax.const(0.25, "float32")))
+            m_pad = bb.emit(relax.op.nn.pad(mask, [0, 0, 0, 0, 0, more, 0, extra]))
+            x = bb.emit(relax.op.add(x, m_pad))
+            x = bb.emit(relax.op.add(x, relax.const(bias)))
+            p = bb.emit(relax.op.nn.softmax(x, axis=-1))
+            p = bb.emit(relax.op.astype(p, "bfloat16"))
+            v_pad = bb.emit(relax.op.nn.pad(v, [0, 0, 0, 0, 0, extra, 0, 0]))
+            out = relax.op.matmul(p, v_pad, out_dtype="float32")
+            if more:
+                out = relax.op.strided_slice(bb.emit(out), [2], [0], [queries])
+            out = bb.emit_output(out)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.fixture
+def any_size(monkeypatch):
+    """Pad however small the scores (the tests' attentions are tiny)."""
+    monkeypatch.setattr(attention_keys, "MIN_SCORES_BYTES", 0)
+
+
+def test_ragged_keys_are_padded_with_minus_infinity_and_zero_rows(any_size):
+    padded = PadAttentionKeys(lambda extents: True)(_attention(60))
+    tvm.ir.assert_structural_equal(padded, _padded_attention(60, 64))
+
+
+def test_ragged_queries_are_padded_to_whole_tiles_and_sliced_off(any_size):
+    """60 queries: 64 rows, so that neither GEMM copies its left operand to pad its rows; the
+    mask's query axis is padded too, and the result is sliced back to 60 rows."""
+    padded = PadAttentionKeys(lambda extents: True)(_attention(60, queries=60))
+    tvm.ir.assert_structural_equal(padded, _padded_attention(60, 64, queries=60, rows=64))
+
+
+def test_the_merged_kernels_extents_are_asked(any_size):
+    asked = []
+    PadAttentionKeys(lambda extents: asked.append(extents) or False)(_attention(60))
+    assert asked == [[2, 8, 64, 16]]
+
+
+@pytest.mark.parametrize(
+    ("module", "why"),
+    [
+        (_attention(64), "whole vectors already"),
+        (_attention(20), "12 padded keys of 20: more than MAX_KEY_PADDING"),
+        (_attention(60, divide=True), "the scores as a divisor"),
+    ],
+)
+def test_left_alone(any_size, module, why):
+    tvm.ir.assert_structural_equal(PadAttentionKeys(lambda extents: True)(module), module), why
+
+
+def test_scores_small_enough_for_the_cache_are_left_alone():
+    module = _attention(60)
+    tvm.ir.assert_structural_equal(PadAttentionKeys(lambda extents: True)(module), module)
+
+
+@I.ir_module
+class ScoresReadTwice:
+    @R.function
+    def main(
+        q: R.Tensor((1, 2, 8, 16), "bfloat16"),
+        k_t: R.Tensor((1, 2, 16, 60), "bfloat16"),
+        v: R.Tensor((1, 2, 60, 16), "bfloat16"),
+    ):
+        with R.dataflow():
+            s = R.matmul(q, k_t, out_dtype="float32")
+            p = R.nn.softmax(s, axis=-1)
+            c = R.astype(p, "bfloat16")
+            o = R.matmul(c, v, out_dtype="float32")
+            R.output(o, s)
+        return (o, s)
+
+
+def test_scores_with_another_reader_are_left_alone(any_size):
+    result = PadAttentionKeys(lambda extents: True)(ScoresReadTwice)
+    tvm.ir.assert_structural_equal(result, ScoresReadTwice)
+
+
+def _reference(q, k_t, v, mask) -> np.ndarray:
+    q, k_t, v = (np.asarray(a, dtype="float64") for a in (q, k_t, v))
+    x = q @ k_t * 0.25 + mask
+    p = np.exp(x - x.max(-1, keepdims=True))
+    return (p / p.sum(-1, keepdims=True)) @ v
+
+
+@pytest.mark.parametrize("cores", [1, 2])
+def test_padded_attention_runs_as_one_kernel_and_matches_float64(any_size, rng, cores):
+    """60 keys and 61 queries, a mask with -inf entries: the merged kernel over 64 keys and
+    64 queries gives the attention of the 60 keys for the 61 queries (bf16 probabilities, so
+    a bf16 tolerance)."""
+    if "avx512_bf16" not in _host_flags():
+        pytest.skip("the merged scores-and-softmax kernel needs avx512_bf16")
+    target = {"kind": "llvm", "mcpu": "znver4", "num-cores": cores}
+    exe = tvmamp.build(_attention(60, queries=61), "O0", target)
+    q, k_t, v = (
+        rng.standard_normal(shape).astype(ml_dtypes.bfloat16)
+        for shape in ((1, 2, 61, 16), (1, 2, 16, 60), (1, 2, 60, 16))
+    )
+    mask = rng.standard_normal((1, 1, 61, 60)).astype("float32")
+    mask[..., 7] = -np.inf  # a masked key stays masked
+    out = np.asarray(exe(q, k_t, v, mask))
+    ref = _reference(q, k_t, v, mask)
+    assert np.abs(out - ref).max() <= 2e-2 * np.abs(ref).max()
+    tensors = [tvm.runtime.tensor(np.ascontiguousarray(a)) for a in (q, k_t, v, mask)]
+    kernels = [r.name for r in debugging.profile(exe, tensors).records]
+    assert any("matmul" in k and "softmax" in k for k in kernels), kernels
