@@ -13,8 +13,10 @@ from tvm.script import relax as R
 
 import tvmamp
 from tvmamp import debugging
+from tvmamp.pipeline import run_front_phases
 from tvmamp.relay_passes import attention_keys
 from tvmamp.relay_passes.attention_keys import PadAttentionKeys
+from tvmamp.schedules.cpu import bf16_softmax
 from tvmamp.targets.llvm import _host_flags
 
 
@@ -166,3 +168,23 @@ def test_padded_attention_runs_as_one_kernel_and_matches_float64(any_size, rng, 
     tensors = [tvm.runtime.tensor(np.ascontiguousarray(a)) for a in (q, k_t, v, mask)]
     kernels = [r.name for r in debugging.profile(exe, tensors).records]
     assert any("matmul" in k and "softmax" in k for k in kernels), kernels
+
+
+@pytest.mark.parametrize("mcpu", ["znver4", "sapphirerapids"])
+def test_the_padded_attention_merges_on_both_bf16_paths(any_size, mcpu):
+    """Compiled only (AMX may be absent here): the merged kernel is formed over the padded
+    keys on the vdpbf16ps path and on AMX (61 queries padded to 64 rows, AMX's tile rows)."""
+    target = {"kind": "llvm", "mcpu": mcpu, "num-cores": 2}
+    converted = tvmamp.convert(_attention(60, queries=61), "O0", target)
+    lowered = run_front_phases(converted)
+    merged = [
+        f
+        for gv, f in lowered.functions_items()
+        if isinstance(f, tvm.tirx.PrimFunc)
+        and "matmul" in gv.name_hint
+        and "softmax" in gv.name_hint
+    ]
+    assert len(merged) == 1
+    rule = bf16_softmax.CPUGemmSoftmaxBF16()
+    with converted.target:
+        assert rule.apply(merged[0], converted.target, False) is not None
