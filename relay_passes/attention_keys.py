@@ -18,8 +18,11 @@ kernels (:data:`MIN_SCORES_BYTES`; ViT's 197 keys are not padded):
 A padded key's score is ``-inf``, so its probability is 0 (the clamped fast exp gives 1e-38
 against a row sum of at least 1) and it meets a zero row of ``v``: ``o`` is unchanged, and no
 slice is needed. The epilogue may scale, add a mask, or take a ``where``; a side input with the
-keys on its last axis is padded too (a divisor with ones). Every value between the two GEMMs
-must have no other reader, and the shapes must be static.
+keys on its last axis is padded too (a divisor with ones). torch's safe softmax
+(``scaled_dot_product_attention``, Hugging Face's default attention: zeros for a row all
+``-inf``) is rebuilt over the padded scores; its padded keys are ``-inf``, so it zeroes the same
+rows. Every value between the two GEMMs must have no other reader, and the shapes must be
+static.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from tvm.relax import PyExprMutator
 from tvmamp.tensors import np_dtype, static_shape, tensor_dtype
 
 from .bindings import bound_values, call_of, rebind, use_counts
+from .fast_math import safe_softmax_of
 
 # Most padded keys, as a fraction of the keys: 1500 -> 1504, 197 -> 208, 100 -> 112; not
 # 50 -> 64, where the padding's work would outweigh the merge.
@@ -102,19 +106,28 @@ class _Rewriter(PyExprMutator):
         return _call(self.values.get(var), name)
 
     def _attention(self, value):
-        """``(cast, softmax, epilogue, scores, keys, padded)`` when ``value`` is the
-        probabilities-times-values GEMM of an attention whose keys to pad, else None."""
+        """``(probs, softmax, epilogue, scores, queries, keys)`` when ``value`` is the
+        probabilities-times-values GEMM of an attention whose keys to pad, else None;
+        ``probs`` is ``"safe"`` (torch's safe softmax), a cast, or None."""
         pv = _call(value, "matmul")
         if pv is None:
             return None
-        probs, cast = pv.args[0], None
-        cast_call = self._single(probs, "astype")
+        probs, kind, readers = pv.args[0], None, 1
+        where = self._single(probs, "where")
+        safe = safe_softmax_of(where, self.values) if where is not None else None
+        if safe is not None:
+            # x is read by the softmax and by the row test of the all -inf rows
+            kind, probs, readers = "safe", where.args[2], 2
+            cast_call = _call(self.values.get(probs), "astype")
+        else:
+            cast_call = self._single(probs, "astype")
+            kind = cast_call
         if cast_call is not None:
-            cast, probs = cast_call, cast_call.args[0]
-        softmax = self._single(probs, "nn.softmax")
-        if softmax is None:
+            probs = cast_call.args[0]
+        softmax = _call(self.values.get(probs), "nn.softmax")
+        if softmax is None or (safe is None and self.uses.get(probs, 0) != 1):
             return None
-        chain = self._chain(softmax.args[0])
+        chain = self._chain(softmax.args[0], readers=readers)
         if chain is None:
             return None
         epilogue, scores = chain
@@ -136,12 +149,15 @@ class _Rewriter(PyExprMutator):
             rows = queries
         if not self.merges([int(np.prod(batch)), rows, padded, d]):
             return None
-        return cast, softmax, epilogue, scores, (queries, rows), (keys, padded)
+        return kind, softmax, epilogue, scores, (queries, rows), (keys, padded)
 
-    def _chain(self, x, depth: int = 0):
+    def _chain(self, x, depth: int = 0, readers: int = 1):
         """``(steps, scores GEMM)``: the elementwise steps from the scores GEMM to ``x``, each
-        ``(index of the chain's argument, call)``, every value read once; else None."""
-        if depth > _MAX_EPILOGUE or not isinstance(x, relax.Var) or self.uses.get(x, 0) != 1:
+        ``(index of the chain's argument, call)``, every value read once (``x`` by
+        ``readers``); else None."""
+        if depth > _MAX_EPILOGUE or not isinstance(x, relax.Var):
+            return None
+        if self.uses.get(x, 0) != (readers if depth == 0 else 1):
             return None
         call = self.values.get(x)
         if _call(call, "matmul") is not None:
@@ -152,7 +168,7 @@ class _Rewriter(PyExprMutator):
                 return [*found[0], (index, call)], found[1]
         return None
 
-    def _padded(self, pv, cast, softmax, epilogue, scores, queries, keys):
+    def _padded(self, pv, kind, softmax, epilogue, scores, queries, keys):
         """The attention of ``pv`` over ``keys = (keys, padded)`` keys, its ``queries =
         (queries, padded)`` queries padded too and sliced off the result."""
         (m, m_pad), (j, j_pad) = queries, keys
@@ -169,16 +185,31 @@ class _Rewriter(PyExprMutator):
             x = relax.Call(call.op, args, call.attrs)
         dtype = tensor_dtype(softmax.args[0])
         mask = np.concatenate([np.zeros(j), np.full(j_pad - j, -np.inf)])
-        x = relax.op.add(x, relax.const(mask.astype(np_dtype(dtype)), dtype))
+        x = self.builder_.emit(relax.op.add(x, relax.const(mask.astype(np_dtype(dtype)), dtype)))
         probs = relax.op.nn.softmax(x, axis=-1)
-        if cast is not None:
-            probs = relax.Call(cast.op, [probs], cast.attrs)
+        if kind == "safe":
+            probs = _safe(self.builder_, x, probs, tensor_dtype(pv.args[0]))
+        elif kind is not None:
+            probs = relax.Call(kind.op, [probs], kind.attrs)
         v = _pad_axis(self.visit_expr(pv.args[1]), -2, j_pad - j)
         out = relax.Call(pv.op, [probs, v], pv.attrs)
         if m_pad == m:
             return out
         rank = len(static_shape(pv.ty))
         return relax.op.strided_slice(out, [rank - 2], [0], [m])
+
+
+def _safe(builder, x, probs, dtype: str) -> relax.Expr:
+    """torch's safe softmax of ``x`` from its ``probs`` (zeros for a row all ``-inf``), in
+    the form FastMath makes one kernel of; padded keys are ``-inf``, so the rows it zeroes are
+    the same."""
+    if tensor_dtype(probs) != dtype:
+        probs = relax.op.astype(probs, dtype)
+    finite = relax.op.logical_not(relax.op.equal(x, relax.const(-np.inf, tensor_dtype(x))))
+    row = relax.op.max(relax.op.astype(finite, "int8"), axis=[-1], keepdims=True)
+    flag = relax.op.logical_not(relax.op.astype(row, "bool"))
+    probs = builder.emit(probs)
+    return relax.op.where(flag, relax.op.zeros_like(probs), probs)
 
 
 def _chain_arguments(call) -> tuple[int, ...]:

@@ -108,7 +108,7 @@ def _softmax(x, axis, safe: bool = False):
 
 
 def _safe_softmax(x, axis):
-    """:func:`_softmax` that gives zeros for a row of ``-inf`` (see :func:`_safe_softmax_of`)."""
+    """:func:`_softmax` that gives zeros for a row of ``-inf`` (see :func:`safe_softmax_of`)."""
     return _softmax(x, axis, safe=True)
 
 
@@ -180,7 +180,7 @@ def _is_zero(expr, bindings: dict) -> bool:
     return False
 
 
-def _safe_softmax_of(call: relax.Call, bindings: dict) -> tuple[relax.Expr, int, str] | None:
+def safe_softmax_of(call: relax.Call, bindings: dict) -> tuple[relax.Expr, int, str] | None:
     """``(x, axis, dtype)`` when ``call`` is torch's safe softmax (its probabilities cast to
     ``dtype``, as mixed precision may do between the softmax and the ``where``), else None.
 
@@ -227,7 +227,7 @@ class _Rewriter(relax.PyExprMutator):
         self.safe_softmaxes = 0
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
-        safe = _safe_softmax_of(call, self.bindings)
+        safe = safe_softmax_of(call, self.bindings)
         if safe is not None and _dtype(safe[0]) in self.dtypes:
             x, axis, dtype = safe
             self.safe_softmaxes += 1

@@ -188,3 +188,38 @@ def test_the_padded_attention_merges_on_both_bf16_paths(any_size, mcpu):
     rule = bf16_softmax.CPUGemmSoftmaxBF16()
     with converted.target:
         assert rule.apply(merged[0], converted.target, False) is not None
+
+
+def test_torchs_safe_softmax_is_padded_too(any_size, rng):
+    """``F.scaled_dot_product_attention`` (Hugging Face's default attention) imports with
+    torch's safe softmax, ``where(all(x == -inf), 0, softmax(x))``: it is rebuilt over the
+    padded scores, merged into one kernel, and matches torch (a query whose keys are all
+    masked gives zeros, as torch's does)."""
+    if "avx512_bf16" not in _host_flags():
+        pytest.skip("the merged scores-and-softmax kernel needs avx512_bf16")
+    import torch
+
+    class Attention(torch.nn.Module):
+        def forward(self, q, k, v, mask):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    q, k, v = (
+        torch.from_numpy(rng.standard_normal((1, 2, n, 16)).astype("float32")) for n in (61, 60, 60)
+    )
+    mask = torch.from_numpy(rng.standard_normal((1, 1, 61, 60)).astype("float32"))
+    mask[..., 3, :] = -torch.inf  # query 3 sees no key
+    mod, params = tvmamp.from_torch(Attention().eval(), (q, k, v, mask))
+    target = {"kind": "llvm", "mcpu": "znver4", "num-cores": 1}
+    converted = tvmamp.convert(mod, "O2", target, dtype="bfloat16", params=params)
+    kernels = [gv.name_hint for gv, _ in run_front_phases(converted).functions_items()]
+    assert any("matmul" in k and "softmax" in k for k in kernels), kernels
+    exe = tvmamp.build(mod, "O2", target, dtype="bfloat16", params=params)
+    out = np.asarray(exe(*(t.numpy() for t in (q, k, v, mask))))
+    with torch.inference_mode():
+        ref = Attention()(q, k, v, mask).numpy()
+    assert np.isnan(ref[0, :, 3]).all() or np.abs(ref[0, :, 3]).max() == 0  # torch's own choice
+    np.testing.assert_array_equal(out[0, :, 3], np.nan_to_num(ref[0, :, 3], nan=0.0))
+    keep = np.ones(61, dtype=bool)
+    keep[3] = False
+    err = np.abs(out[..., keep, :] - ref[..., keep, :]).max() / np.abs(ref[..., keep, :]).max()
+    assert err <= 2e-2
