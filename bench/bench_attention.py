@@ -2,9 +2,10 @@
 
 Each shape is ``F.scaled_dot_product_attention`` imported with ``tvmamp.from_torch`` and built
 at O2 bf16 twice: as ``tvmamp.build`` does (the scores GEMM and its softmax merged into one
-kernel, ``relay_passes/gemm_softmax.py``) and with the llvm target's fusion passes switched off
-(two kernels, the fp32 scores written out and read back). torch runs the same call in fp32 and
-in bf16 (its fused CPU attention). All variants are timed in one process with
+kernel, ``relay_passes/gemm_softmax.py``, ragged keys padded to whole vectors where that pays,
+``relay_passes/attention_keys.py``) and with the llvm target's fusion passes switched off and
+no padding (two kernels, the fp32 scores written out and read back). torch runs the same call
+in fp32 and in bf16 (its fused CPU attention). All variants are timed in one process with
 ``paired_medians``; the error of each against torch fp32 is printed beside its time.
 
 Run: TVM_NUM_THREADS=1 python bench/bench_attention.py [--threads 1] [--repeat 15]
@@ -23,6 +24,7 @@ import torch.nn.functional as F
 
 import tvmamp
 from tvmamp.benchmark import max_rel_error, paired_medians
+from tvmamp.relay_passes import attention_keys
 from tvmamp.targets import registry
 
 # (name, batch, heads, query rows, keys, head dim, causal)
@@ -31,7 +33,9 @@ SHAPES = (
     ("BERT-base, 128 tokens", 1, 12, 128, 128, 64, False),
     ("GPT-2, 128 tokens, causal", 1, 12, 128, 128, 64, True),
     ("512 tokens", 1, 8, 512, 512, 64, False),
-    ("ViT-S/16, 197 tokens (not merged: 197 keys are no whole vectors)", 1, 6, 197, 197, 64, False),
+    ("ViT-S/16, 197 tokens (not merged: 0.9 MiB of scores)", 1, 6, 197, 197, 64, False),
+    ("ViT-B/16 at 384 px, 577 tokens (keys padded to 592)", 1, 12, 577, 577, 64, False),
+    ("Whisper encoder, 1500 frames (keys padded to 1504)", 1, 6, 1500, 1500, 64, False),
 )
 
 
@@ -46,13 +50,16 @@ class Attention(torch.nn.Module):
 
 @contextlib.contextmanager
 def unmerged():
-    """Build with the llvm target's fusion passes switched off (the kernels before the merge)."""
-    entry = registry.REGISTRY["llvm"]
+    """Build with the llvm target's fusion passes switched off and ragged keys left unpadded
+    (the kernels before the merge)."""
+    entry, padding = registry.REGISTRY["llvm"], attention_keys.MAX_KEY_PADDING
     registry.REGISTRY["llvm"] = dataclasses.replace(entry, fusion_passes=lambda target: [])
+    attention_keys.MAX_KEY_PADDING = -1.0
     try:
         yield
     finally:
         registry.REGISTRY["llvm"] = entry
+        attention_keys.MAX_KEY_PADDING = padding
 
 
 def bench(shape, threads: int, repeat: int) -> list[str]:

@@ -41,9 +41,12 @@ from pathlib import Path
 
 from zoo_families import FAMILIES
 from zoo_models import ZOO  # bench/ is on sys.path when run as a script
+from zoo_transformers import TRANSFORMERS
 
-# Every model bench_zoo runs: the zoo, and the op-family models (``--models families``).
-MODELS = {**ZOO, **FAMILIES}
+# Every model bench_zoo runs: the zoo, the op-family models (``--models families``) and more
+# Hugging Face architectures (``--models transformers``).
+MODELS = {**ZOO, **FAMILIES, **TRANSFORMERS}
+GROUPS = {"families": FAMILIES, "transformers": TRANSFORMERS}
 
 HERE = Path(__file__).resolve().parent
 SECTIONS = {True: "check", False: "timing"}
@@ -574,7 +577,9 @@ def parse_args(argv=None):
         help="comma-separated: "
         + ",".join(MODELS)
         + "; 'families' for all of "
-        + ",".join(FAMILIES),
+        + ",".join(FAMILIES)
+        + "; 'transformers' for all of "
+        + ",".join(TRANSFORMERS),
     )
     p.add_argument("--levels", default="O0,O1,O2")
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
@@ -614,11 +619,12 @@ def main() -> None:
 def sweep(args) -> tuple[dict, dict]:
     """Every model at every thread count; the raw results are saved as they come."""
     names = [n.strip() for n in args.models.split(",") if n.strip()]
-    names = [m for n in names for m in (FAMILIES if n == "families" else [n])]
+    names = [m for n in names for m in GROUPS.get(n, [n])]
     unknown = [n for n in names if n not in MODELS]
     if unknown:
         raise ValueError(
-            f"bench_zoo: models {unknown} are not in the zoo: {', '.join(MODELS)} (or families)"
+            f"bench_zoo: models {unknown} are not in the zoo: {', '.join(MODELS)} (or "
+            f"{' or '.join(GROUPS)})"
         )
     threads = [int(t) for t in args.threads.split(",")]
     if args.check_only:
