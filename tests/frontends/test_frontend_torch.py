@@ -127,6 +127,30 @@ def test_dynamic_batch_runs_any_batch_size(net, rng):
         np.testing.assert_allclose(exe(x), _eager(net, x), rtol=2e-2, atol=2e-2)
 
 
+class VarArgs(torch.nn.Module):
+    """A wrapper whose ``forward(self, *inputs)`` collects its inputs (as bench's ``OutputOf``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 4)
+
+    def forward(self, *inputs):
+        return self.proj(inputs[0] * inputs[1])
+
+
+def test_dynamic_batch_with_a_varargs_forward(rng):
+    """torch.export wants one tuple of specs for the inputs ``*inputs`` collects."""
+    model = VarArgs().eval()
+    x, y = (rng.standard_normal((2, 8)).astype("float32") for _ in range(2))
+    mod, params = from_torch(model, (x, y), dynamic_batch=True)
+    exe = tvmamp.build(mod, "O0", TARGET, params=params)
+    for batch in (2, 5):
+        xb, yb = (rng.standard_normal((batch, 8)).astype("float32") for _ in range(2))
+        with torch.no_grad():
+            ref = model(torch.from_numpy(xb), torch.from_numpy(yb)).numpy()
+        np.testing.assert_allclose(exe(xb, yb), ref, rtol=1e-5, atol=1e-6)
+
+
 class EmptyCache(torch.nn.Module):
     """Concatenates to ``torch.tensor([])`` as Hugging Face's DynamicCache does on first use."""
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import warnings
 from collections.abc import Mapping
 
@@ -75,7 +76,7 @@ def from_torch(
         )
     _check_float32_weights(torch, module)
     args, kwargs = _as_tensors(torch, example_inputs)
-    dynamic = _batch_dims(torch, args, kwargs) if dynamic_batch else None
+    dynamic = _batch_dims(torch, module, args, kwargs) if dynamic_batch else None
     with _eval_mode(torch, module, train_mode):
         try:
             program = torch.export.export(module, args, kwargs, dynamic_shapes=dynamic)
@@ -130,12 +131,25 @@ def _as_tensors(torch, example_inputs) -> tuple[tuple, dict]:
     return tuple(tensor(x) for x in items), {}
 
 
-def _batch_dims(torch, args, kwargs):
-    """``dynamic_shapes`` making dimension 0 of every input one symbolic batch size."""
+def _batch_dims(torch, module, args, kwargs):
+    """``dynamic_shapes`` making dimension 0 of every input one symbolic batch size.
+
+    ``torch.export`` matches them to ``forward``'s signature: the inputs a ``*args``
+    parameter collects take one tuple of specs (a wrapper's ``forward(self, *inputs)`` failed
+    with "inputs has 1 elements, but dynamic_shapes has 2 elements").
+    """
     batch = torch.export.Dim("batch")
     if kwargs:
         return {name: {0: batch} for name in kwargs}
-    return tuple({0: batch} for _ in args)
+    specs = [{0: batch} for _ in args]
+    try:
+        params = list(inspect.signature(module.forward).parameters.values())
+    except (TypeError, ValueError):  # no signature to read: one spec per input
+        return tuple(specs)
+    for index, param in enumerate(params):
+        if param.kind is inspect.Parameter.VAR_POSITIONAL:
+            return (*specs[:index], tuple(specs[index:]))
+    return tuple(specs)
 
 
 def _cache_hint(module, err) -> str:
