@@ -361,3 +361,19 @@ def test_concat_on_the_last_axis_is_cut_into_one_loop_per_input(widths, dtype, c
     exe = tvmamp.build(mod, "O0", target)
     ref = np.maximum(np.concatenate([a.astype("float32") for a in arrays], 1) * s, 0)
     np.testing.assert_array_equal(exe(*arrays, s), ref)
+
+
+@pytest.mark.parametrize(("frames", "fused"), [(3199, False), (3200, True)])
+def test_a_long_ragged_row_with_a_per_row_operand_is_not_fused_across_rows(frames, fused, rng):
+    """wav2vec 2.0's group norm scale and shift over 3199 frames: vectors across rows made the
+    per-channel operands gathers (9.8 GB/s). The row is left to LLVM's loop vectoriser, the
+    rows in one parallel loop; whole vectors (3200) keep the TVM vector."""
+    inputs = {"x": ((1, 256, frames), "float32"), "g": ((256, 1), "float32")}
+    mod = _module(inputs, lambda bb, x, g: relax.op.add(relax.op.multiply(x, g), g))
+    x, g = _randn(rng, (1, 256, frames)), _randn(rng, (256, 1))
+    out, scheduled = _run(mod, x, g)
+    np.testing.assert_allclose(out, x * g + g, rtol=1e-6, atol=1e-6)
+    (func,) = _prim_funcs(scheduled).values()
+    text = func.script()
+    assert ("T.vectorized" in text) == fused, text
+    assert "T.parallel(T.int64(256))" in text or fused, text
