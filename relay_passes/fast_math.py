@@ -83,7 +83,7 @@ def _softmax(x, axis, safe: bool = False):
     starts from the lowest finite value, not ``-inf``.)
     """
     axis = axis % len(x.shape)
-    peak = _row_reduce(x, axis, te.max, tirx.max)
+    peak = row_reduce(x, axis, te.max, tirx.max)
 
     def row(value, i):
         return value(*i[:axis], *i[axis + 1 :])
@@ -99,7 +99,7 @@ def _softmax(x, axis, safe: bool = False):
         )
     else:
         e = _exp(te.compute(x.shape, lambda *i: x(*i) - row(peak, i)))
-    total = _row_reduce(e, axis, te.sum, tirx.Add)
+    total = row_reduce(e, axis, te.sum, tirx.Add)
     if safe:
         return te.compute(
             x.shape, lambda *i: tirx.Select(row(total, i) == zero, zero, e(*i) / row(total, i))
@@ -116,7 +116,7 @@ def _safe_softmax(x, axis):
 _CHUNK = 16
 
 
-def _row_reduce(x, axis: int, reduce, combine):
+def row_reduce(x, axis: int, reduce, combine):
     """``reduce`` over ``axis`` (dropped): a body of whole chunks, then the tail (one
     reduction when the axis is symbolic, e.g. a dynamic sequence length)."""
     n = x.shape[axis]

@@ -31,13 +31,17 @@ from tvm import relax
 
 from tvmamp.conversion import Converted
 from tvmamp.executable import Executable
-from tvmamp.relay_passes.low_reductions import LEGALIZE_MAP
+from tvmamp.relay_passes import low_reductions, ragged_norms
 
 # ``hook(converted) -> tvm.IRModule``: rewrites every converted module before it is lowered while
 # registered (the debugging tools insert their packed calls this way). With no hook registered
 # the compiled module is exactly the uninstrumented one.
 InstrumentationHook = Callable[[Converted], tvm.IRModule]
 _INSTRUMENTATION_HOOKS: list[InstrumentationHook] = []
+
+
+# tvmamp's legalization rules, each falling back to TVM's own where it does not apply
+LEGALIZE_MAP = {**low_reductions.LEGALIZE_MAP, **ragged_norms.LEGALIZE_MAP}
 
 
 def add_instrumentation_hook(hook: InstrumentationHook) -> None:
@@ -71,7 +75,8 @@ def legalize_passes(target=None, entry=None) -> list:
     entry's ``fusion_passes`` between grouping the ops and fusing their TIR)."""
     fusion = entry.fusion_passes(target) if entry is not None else []
     return [
-        relax.transform.LegalizeOps(LEGALIZE_MAP),  # low reductions add up in fp32
+        # low reductions add up in fp32; CPU norms over ragged rows get split sums
+        relax.transform.LegalizeOps(LEGALIZE_MAP),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),
         relax.transform.FuseOps(),

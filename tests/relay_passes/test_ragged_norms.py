@@ -1,0 +1,106 @@
+"""Instance and layer norms over rows of no whole SIMD vectors: split sums on CPUs."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+import tvm
+from tvm import relax, s_tir
+
+import tvmamp
+from tvmamp.pipeline import LEGALIZE_MAP
+from tvmamp.schedules.cpu.bf16_common import root_blocks
+
+LLVM = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 1})
+
+
+def _norm(kind: str, shape, dtype: str = "float32") -> tvm.IRModule:
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(shape, dtype))
+    size = shape[1] if kind == "instance" else shape[-1]
+    g = relax.Var("g", relax.TensorType((size,), dtype))
+    b = relax.Var("b", relax.TensorType((size,), dtype))
+    with bb.function("main", [x, g, b]):
+        with bb.dataflow():
+            if kind == "instance":
+                axes = list(range(2, len(shape)))
+                y = relax.op.nn.instance_norm(x, g, b, channel_axis=1, axes=axes, epsilon=1e-5)
+            else:
+                y = relax.op.nn.layer_norm(x, g, b, axes=[-1], epsilon=1e-5)
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _reference(kind, x, g, b) -> np.ndarray:
+    x = x.astype("float64")
+    axes = tuple(range(2, x.ndim)) if kind == "instance" else (-1,)
+    mean = x.mean(axes, keepdims=True)
+    var = ((x - mean) ** 2).mean(axes, keepdims=True)
+    shape = (1, -1) + (1,) * (x.ndim - 2) if kind == "instance" else (-1,)
+    g, b = (p.astype("float64").reshape(shape) for p in (g, b))
+    return (x - mean) / np.sqrt(var + 1e-5) * g + b
+
+
+def _reduce_extents(mod: tvm.IRModule) -> list[int]:
+    """The extents of every reduction axis in the legalized kernels of ``mod``."""
+    with LLVM:
+        lowered = relax.transform.LegalizeOps(LEGALIZE_MAP)(mod)
+    extents = []
+    for _, func in lowered.functions_items():
+        if isinstance(func, tvm.tirx.PrimFunc):
+            sch = s_tir.Schedule(func)
+            for block in root_blocks(sch):
+                for iv in sch.get(block).iter_vars:
+                    if iv.iter_type == tvm.tirx.IterVar.CommReduce:
+                        extents.append(int(iv.dom.extent))
+    return sorted(extents)
+
+
+@pytest.mark.parametrize(
+    ("kind", "shape", "extents"),
+    [
+        ("instance", (2, 5, 37), [5, 5, 32, 32]),  # wav2vec 2.0's group norm, shorter
+        ("instance", (1, 3, 7, 7), [1, 1, 48, 48]),  # a 7 x 7 plane: 49 values a row
+        ("layer", (3, 100), [4, 4, 96, 96]),
+    ],
+)
+def test_ragged_rows_reduce_in_whole_vectors_and_a_tail(kind, shape, extents):
+    assert _reduce_extents(_norm(kind, shape)) == extents
+
+
+@pytest.mark.parametrize(
+    ("kind", "shape"),
+    [("instance", (2, 5, 64)), ("layer", (3, 20)), ("layer", (3, 128))],
+)
+def test_whole_vectors_and_short_rows_keep_tvms_rule(kind, shape):
+    """64 and 128 values are whole vectors; 20 is shorter than two (a scalar tail anyway)."""
+    mod = _norm(kind, shape)
+    with LLVM:
+        ours = relax.transform.LegalizeOps(LEGALIZE_MAP)(mod)
+    with LLVM:
+        theirs = relax.transform.LegalizeOps()(mod)
+    tvm.ir.assert_structural_equal(ours, theirs)
+
+
+@pytest.mark.parametrize(
+    ("kind", "shape", "dtype"),
+    [
+        ("instance", (2, 5, 3199), "float32"),
+        ("instance", (1, 3, 7, 7), "float32"),
+        ("layer", (3, 1000), "float32"),
+        ("layer", (4, 100), "bfloat16"),
+    ],
+)
+def test_split_norms_match_float64(rng, kind, shape, dtype):
+    """Random, offset inputs (a mean far from 0 tests the two-pass variance)."""
+    size = shape[1] if kind == "instance" else shape[-1]
+    np_dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype
+    x = (rng.standard_normal(shape) * 2 + 30).astype(np_dtype)
+    g, b = (rng.standard_normal(size).astype(np_dtype) for _ in range(2))
+    exe = tvmamp.build(_norm(kind, shape, dtype), "O0", LLVM)
+    out = np.asarray(exe(x, g, b), dtype="float64")
+    ref = _reference(kind, x, g, b)
+    tol = 3e-2 if dtype == "bfloat16" else 2e-5
+    np.testing.assert_allclose(out, ref, rtol=tol, atol=tol)
