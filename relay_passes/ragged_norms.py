@@ -9,9 +9,9 @@ softmax has (``fast_math._row_reduce``): each sum split into a body of whole vec
 short tail. It also computes the variance in two passes, ``mean((x - mean)^2)``, as torch
 does, where TVM's rule takes ``mean(x^2) - mean^2``.
 
-It applies on LLVM targets to static shapes whose normalised axes are the trailing ones, with
-a row length of at least two vectors that is no multiple of 16; every other norm keeps TVM's
-rule (:data:`LEGALIZE_MAP` falls back to it).
+The LLVM target entry gives :data:`LEGALIZE_MAP` to ``LegalizeOps`` (its ``legalize_rules``).
+It applies to static shapes whose normalised axes are the trailing ones, with a row length of
+at least two vectors that is no multiple of 16; every other norm keeps TVM's rule.
 """
 
 from __future__ import annotations
@@ -31,9 +31,6 @@ _OPS = ("relax.nn.instance_norm", "relax.nn.layer_norm")
 
 def _ragged_rows(call: relax.Call) -> tuple[list[int], int] | None:
     """``(leading shape, row length)`` when ``call``'s norm takes this legalization."""
-    target = tvm.target.Target.current(allow_none=True)
-    if target is None or target.kind.name != "llvm":
-        return None
     shape = static_shape(call.args[0].ty)
     if not shape:
         return None

@@ -224,6 +224,15 @@ def partition_passes(target: tvm.target.Target, _policy) -> list:
     return [*first, *rows, keys, FastMath()]
 
 
+def legalize_rules(_target: tvm.target.Target) -> dict:
+    """Instance and layer norms over rows of no whole SIMD vectors, legalized with sums of
+    whole vectors and a tail, which the CPU row-reduction rule vectorises
+    (``relay_passes/ragged_norms.py``)."""
+    from tvmamp.relay_passes.ragged_norms import LEGALIZE_MAP
+
+    return dict(LEGALIZE_MAP)
+
+
 def fusion_passes(target: tvm.target.Target) -> list:
     """With avx512_bf16: attention's scores kernel merged with its softmax, where the bf16 CPU
     rule schedules the pair as one (``schedules/cpu/bf16_softmax.py``); then the head split's
@@ -298,6 +307,7 @@ ENTRY = register_target(
         check=check,
         schedule_passes=schedule_passes,
         partition_passes=partition_passes,
+        legalize_rules=legalize_rules,
         fusion_passes=fusion_passes,
         finalize_passes=guard_passes,
         intrinsic_families=intrinsic_families,

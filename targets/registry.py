@@ -94,6 +94,9 @@ class TargetEntry:
     partition_passes : callable
         ``(target, policy) -> list[tvm.transform.Pass]``: run after the AMP pass and before
         legalization (BYOC partitioning, layout rewrites).
+    legalize_rules : callable
+        ``(target) -> dict``: op name -> legalization, given to ``LegalizeOps`` over tvmamp's
+        own (the CPU's norms over ragged rows, :mod:`tvmamp.relay_passes.ragged_norms`).
     fusion_passes : callable
         ``(target) -> list[tvm.transform.Pass]``: run between ``FuseOps`` and ``FuseTIR``, on
         the grouped kernels (merging a GEMM kernel with the softmax that reads its result).
@@ -138,6 +141,7 @@ class TargetEntry:
     unsupported_low_ops: Callable = lambda target, dtype: ()
     fp32_feeds: bool = True
     partition_passes: Callable = lambda target, policy: []
+    legalize_rules: Callable = lambda target: {}
     fusion_passes: Callable = lambda target: []
     pass_config: Callable = lambda target: {}
     finalize_passes: Callable = lambda target: []

@@ -31,17 +31,13 @@ from tvm import relax
 
 from tvmamp.conversion import Converted
 from tvmamp.executable import Executable
-from tvmamp.relay_passes import low_reductions, ragged_norms
+from tvmamp.relay_passes.low_reductions import LEGALIZE_MAP
 
 # ``hook(converted) -> tvm.IRModule``: rewrites every converted module before it is lowered while
 # registered (the debugging tools insert their packed calls this way). With no hook registered
 # the compiled module is exactly the uninstrumented one.
 InstrumentationHook = Callable[[Converted], tvm.IRModule]
 _INSTRUMENTATION_HOOKS: list[InstrumentationHook] = []
-
-
-# tvmamp's legalization rules, each falling back to TVM's own where it does not apply
-LEGALIZE_MAP = {**low_reductions.LEGALIZE_MAP, **ragged_norms.LEGALIZE_MAP}
 
 
 def add_instrumentation_hook(hook: InstrumentationHook) -> None:
@@ -71,12 +67,13 @@ def library_dispatch_passes(target, entry, policy) -> list:
 
 
 def legalize_passes(target=None, entry=None) -> list:
-    """Phase 2: legalize Relax ops to TIR, fold constants, fuse the kernels (with the target
-    entry's ``fusion_passes`` between grouping the ops and fusing their TIR)."""
+    """Phase 2: legalize Relax ops to TIR (tvmamp's rules, then the target entry's
+    ``legalize_rules`` over them), fold constants, fuse the kernels (with the target entry's
+    ``fusion_passes`` between grouping the ops and fusing their TIR)."""
     fusion = entry.fusion_passes(target) if entry is not None else []
+    rules = {**LEGALIZE_MAP, **(entry.legalize_rules(target) if entry is not None else {})}
     return [
-        # low reductions add up in fp32; CPU norms over ragged rows get split sums
-        relax.transform.LegalizeOps(LEGALIZE_MAP),
+        relax.transform.LegalizeOps(rules),  # low reductions add up in fp32
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),
         relax.transform.FuseOps(),

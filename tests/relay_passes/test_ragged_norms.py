@@ -9,8 +9,9 @@ import tvm
 from tvm import relax, s_tir
 
 import tvmamp
-from tvmamp.pipeline import LEGALIZE_MAP
+from tvmamp.relay_passes.ragged_norms import LEGALIZE_MAP
 from tvmamp.schedules.cpu.bf16_common import root_blocks
+from tvmamp.targets.registry import REGISTRY
 
 LLVM = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 1})
 
@@ -82,6 +83,12 @@ def test_whole_vectors_and_short_rows_keep_tvms_rule(kind, shape):
     with LLVM:
         theirs = relax.transform.LegalizeOps()(mod)
     tvm.ir.assert_structural_equal(ours, theirs)
+
+
+def test_the_llvm_entry_gives_the_rules_to_its_legalization():
+    """The LLVM target entry adds them (``legalize_rules``); other entries keep TVM's rules."""
+    assert set(REGISTRY["llvm"].legalize_rules(LLVM)) == set(LEGALIZE_MAP)
+    assert REGISTRY["cuda"].legalize_rules(tvm.target.Target("cuda")) == {}
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,7 @@ from tvmamp.pipeline import legalize_passes
 from tvmamp.relay_passes.fast_math import FastMath
 from tvmamp.schedules.cpu.reduction import CPURowReduction
 from tvmamp.targets.cpu_features import host_cpu_features
+from tvmamp.targets.registry import REGISTRY
 
 HIDDEN = 83  # no multiple of 16 or 8
 
@@ -48,7 +49,7 @@ CASES = {"softmax": (_softmax, _ref_softmax), "layer_norm": (_layer_norm, _ref_l
 
 def _kernels(mod, target):
     with target:
-        lowered = tvm.transform.Sequential(legalize_passes())(mod)
+        lowered = tvm.transform.Sequential(legalize_passes(target, REGISTRY["llvm"]))(mod)
     return [f for _, f in lowered.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
 
 
