@@ -13,6 +13,8 @@ from tvm.s_tir.schedule import SBlockRV, ScheduleError
 from tvm.target import Target
 from tvm.tirx.analysis import undefined_vars
 
+from tvmamp.relay_passes.conv2d_im2col import GATHER_ATTR
+
 from ..x86 import bf16_intrin as intrin
 from . import bf16_amx as amx
 from . import prefetch
@@ -301,6 +303,7 @@ def prepare(
         sch.pad_einsum(main, padding)
     reindex_a, reindex_b = sch.get_producers(main)
     gathered = bool(sch.get_producers(reindex_a))
+    channels = _gather_channels(sch, reindex_a)
     for block in (reindex_a, reindex_b):
         auto_inline_producers(sch, block)
         if not reads_only_params(sch, block):
@@ -321,7 +324,7 @@ def prepare(
     elif in_place:
         sch.compute_inline(reindex_a)
     else:
-        _copy_rows(sch, reindex_a, target)
+        _copy_rows(sch, reindex_a, target, channels)
     _pack_pairs(sch, reindex_b, target)
     return [int(iv.dom.extent) for iv in sch.get(main).iter_vars]
 
@@ -379,17 +382,38 @@ def _reads_k_innermost(block: s_tir.SBlock) -> bool:
     return last is not None and any(v.same_as(k) for v in undefined_vars(last))
 
 
-def _copy_rows(sch: s_tir.Schedule, copy: SBlockRV, target: Target) -> None:
+def _gather_channels(sch: s_tir.Schedule, copy: SBlockRV) -> int | None:
+    """The channels of each tap of the im2col gather that produces ``copy``'s ``A``, or None
+    (the gather's :data:`GATHER_ATTR` annotation: a conv GEMM, grouped or not)."""
+    frontier = list(sch.get_producers(copy))
+    for _ in range(4):  # the gather sits behind the reindex copies of normalize / pad_einsum
+        for producer in frontier:
+            value = sch.get(producer).annotations.get(GATHER_ATTR)
+            if value is not None:
+                return int(value)
+        frontier = [p for block in frontier for p in sch.get_producers(block)]
+    return None
+
+
+def _copy_rows(
+    sch: s_tir.Schedule, copy: SBlockRV, target: Target, channels: int | None = None
+) -> None:
     """Vectorise the padded copy of ``A[S, I, K]`` along ``K`` (an activation pre-process).
 
     The vectors are 64 bytes (32 bf16) where ``K`` allows, else 32 bytes: a conv's gather
-    (inlined here) then copies whole channel vectors of a tap. A ``K`` of neither is one
-    vector up to :data:`.common.MAX_WHOLE_VECTOR` registers, else LLVM's loop.
+    (inlined here) then copies whole channel vectors of a tap. Where that width would cross
+    from one tap to the next (``channels`` per tap, no multiple of it: wav2vec 2.0's
+    positional conv has 24 channels a group), each tap's channels are one vector instead: a
+    vector across taps gathered its lanes. A ``K`` of neither is one vector up to
+    :data:`.common.MAX_WHOLE_VECTOR` registers, else LLVM's loop.
     """
     inner = sch.get_loops(copy)[-1]
     extent = int(sch.get(inner).extent)
     width = next((w for w in (2 * intrin.LANES, intrin.LANES) if extent % w == 0), None)
-    if width is None:
+    per_tap = channels is not None and extent % channels == 0 and channels < extent
+    if per_tap and (width is None or channels % width) and channels % 8 == 0:
+        vectorize_whole_or_leave(sch, sch.split(inner, [None, channels])[-1], intrin.LANES)
+    elif width is None:
         vectorize_whole_or_leave(sch, inner, intrin.LANES)
     else:
         if width < extent:
