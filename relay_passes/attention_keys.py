@@ -39,6 +39,7 @@ from tvmamp.tensors import np_dtype, static_shape, tensor_dtype
 
 from .bindings import bound_values, call_of, rebind, use_counts
 from .fast_math import safe_softmax_of
+from .tensor_core_padding import round_up
 
 # Most padded keys, as a fraction of the keys: 1500 -> 1504, 197 -> 208, 100 -> 112; not
 # 50 -> 64, where the padding's work would outweigh the merge.
@@ -139,12 +140,12 @@ class _Rewriter(PyExprMutator):
         axis = int(softmax.attrs.axis) % len(shapes[3])
         if axis != len(shapes[3]) - 1 or not keys == keys_v == keys_p or keys % LANES == 0:
             return None
-        padded = -(-keys // LANES) * LANES
+        padded = round_up(keys, LANES)
         if padded - keys > MAX_KEY_PADDING * keys:
             return None
         if np.prod(batch) * queries * keys * 4 < MIN_SCORES_BYTES:
             return None
-        rows = -(-queries // QUERY_TILE) * QUERY_TILE
+        rows = round_up(queries, QUERY_TILE)
         if rows - queries > MAX_KEY_PADDING * queries:
             rows = queries
         if not self.merges([int(np.prod(batch)), rows, padded, d]):
