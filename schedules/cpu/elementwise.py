@@ -65,7 +65,8 @@ class CPUElementwise(CPURule):
                     continue
                 if not fuse_transposed_inner(sch, block):
                     if _long_ragged_rows(sch, block, lanes):
-                        _rows_for_llvm(sch, block, parallel)
+                        # the row stays a plain loop, for LLVM's loop vectoriser and its tail
+                        _fuse_outer(sch, sch.get_loops(block)[:-1], parallel)
                         continue
                     lanes = _fuse_inner_loops(sch, block, lanes)
                 schedule_injective(sch, block, lanes, parallel)
@@ -111,10 +112,7 @@ def schedule_concat(
             sch.vectorize(sch.split(part, [None, vector])[-1])
         else:  # split needs a loop from 0: one wide vector, or LLVM's loop vectoriser
             vectorize_whole_or_leave(sch, part, lanes)
-    if len(loops) > 1:
-        outer = sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]
-        if parallel:
-            sch.parallel(outer)
+    _fuse_outer(sch, loops[:-1], parallel)
     return True
 
 
@@ -174,13 +172,14 @@ def _broadcast_along_rows(stmt) -> bool:
     return False
 
 
-def _rows_for_llvm(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, parallel: bool) -> None:
-    """Leave the innermost loop plain, for LLVM's loop vectoriser (which adds a remainder
-    loop); fuse the loops outside it into one, parallel when ``parallel``."""
-    loops = sch.get_loops(block)
-    outer = sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]
+def _fuse_outer(sch: s_tir.Schedule, outer: list, parallel: bool) -> None:
+    """Fuse the loops ``outer`` (those outside a block's row loop) into one, parallel when
+    ``parallel``; nothing when there are none."""
+    if not outer:
+        return
+    fused = sch.fuse(*outer) if len(outer) > 1 else outer[0]
     if parallel:
-        sch.parallel(outer)
+        sch.parallel(fused)
 
 
 def _fuse_inner_loops(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes: int) -> int:
