@@ -44,6 +44,15 @@ def scalar_constant(expr: relax.Expr) -> float | None:
     return float(data.astype("float64").reshape(())) if data.size == 1 else None
 
 
+def rewrite_functions(mod, rewriter: PyExprMutator):
+    """``mod`` with every Relax function visited by ``rewriter`` (a mutator built on ``mod``):
+    the body of a pass that rewrites calls one at a time."""
+    for gvar, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
+    return rewriter.builder_.get()
+
+
 def rebind(mutator: PyExprMutator, var: relax.Var, value: relax.Expr, name: str) -> None:
     """Bind ``value`` in place of ``var``'s binding: a new var named ``name`` that ``var``'s
     readers read, or ``var`` itself when it is a result of the dataflow block."""
@@ -54,4 +63,11 @@ def rebind(mutator: PyExprMutator, var: relax.Var, value: relax.Expr, name: str)
         builder.emit_normalized(relax.VarBinding(var, builder.normalize(value)))
 
 
-__all__ = ["bound_values", "call_of", "rebind", "scalar_constant", "use_counts"]
+__all__ = [
+    "bound_values",
+    "call_of",
+    "rebind",
+    "rewrite_functions",
+    "scalar_constant",
+    "use_counts",
+]

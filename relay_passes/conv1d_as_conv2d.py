@@ -23,6 +23,8 @@ from tvm.relax import PyExprMutator
 
 from tvmamp.tensors import static_shape
 
+from .bindings import rewrite_functions
+
 _CONV1D = tvm.ir.Op.get("relax.nn.conv1d")
 _CONV1D_T = tvm.ir.Op.get("relax.nn.conv1d_transpose")
 _LAYOUTS = {_CONV1D: ("NCW", "OIW", "NCW"), _CONV1D_T: ("NCW", "IOW", "NCW")}
@@ -34,11 +36,7 @@ class Conv1dAsConv2d:
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         """Rewrite the 1-D convolutions of every Relax function of ``mod``."""
-        rewriter = _Rewriter(mod)
-        for gvar, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
-        return rewriter.builder_.get()
+        return rewrite_functions(mod, _Rewriter(mod))
 
 
 @relax.expr_functor.mutator

@@ -25,6 +25,8 @@ from tvm.relax import PyExprMutator
 
 from tvmamp.tensors import static_shape
 
+from .bindings import rewrite_functions
+
 _CONV3D = tvm.ir.Op.get("relax.nn.conv3d")
 
 
@@ -34,11 +36,7 @@ class Conv3dAsConv2d:
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         """Rewrite the 3-D convolutions of every Relax function of ``mod``."""
-        rewriter = _Rewriter(mod)
-        for gvar, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
-        return rewriter.builder_.get()
+        return rewrite_functions(mod, _Rewriter(mod))
 
 
 @relax.expr_functor.mutator

@@ -32,6 +32,8 @@ from tvm.relax import PyExprMutator
 
 from tvmamp.tensors import static_shape
 
+from .bindings import rewrite_functions
+
 _CONV_T = tvm.ir.Op.get("relax.nn.conv2d_transpose")
 
 
@@ -51,11 +53,7 @@ class ConvTransposeToSubPixel:
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         """Rewrite the conv2d_transpose calls of every Relax function of ``mod``."""
-        rewriter = _Rewriter(mod, self.leave)
-        for gvar, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
-        return rewriter.builder_.get()
+        return rewrite_functions(mod, _Rewriter(mod, self.leave))
 
 
 def _rewritable(call: relax.Call) -> bool:

@@ -24,6 +24,8 @@ from tvm.relax import PyExprMutator
 
 from tvmamp.tensors import np_dtype, static_shape
 
+from .bindings import rewrite_functions
+
 _GROUP_NORM = tvm.ir.Op.get("relax.nn.group_norm")
 
 
@@ -33,11 +35,7 @@ class GroupNormAsInstanceNorm:
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         """Rewrite the group norms of every Relax function of ``mod``."""
-        rewriter = _Rewriter(mod)
-        for gvar, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
-        return rewriter.builder_.get()
+        return rewrite_functions(mod, _Rewriter(mod))
 
 
 @relax.expr_functor.mutator

@@ -34,6 +34,8 @@ from tvm.script import tirx as T
 
 from tvmamp.tensors import type_dtype
 
+from .bindings import rewrite_functions
+
 _TAKE = tvm.ir.Op.get("relax.take")
 
 
@@ -42,11 +44,7 @@ class GuardTakeIndices:
     """Read the run-time indices of every fast-mode ``take`` through a range check."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        rewriter = _Rewriter(mod)
-        for gv, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
-        return rewriter.builder_.get()
+        return rewrite_functions(mod, _Rewriter(mod))
 
 
 @relax.expr_functor.mutator

@@ -23,6 +23,8 @@ from tvm.relax import PyExprMutator
 
 from tvmamp.tensors import static_shape
 
+from .bindings import rewrite_functions
+
 _TAKE = tvm.ir.Op.get("relax.take")
 
 
@@ -31,11 +33,7 @@ class TakeToSlice:
     """Rewrite each ``take`` of a constant scalar index into a slice and a squeeze."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        rewriter = _Rewriter(mod)
-        for gv, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
-        return rewriter.builder_.get()
+        return rewrite_functions(mod, _Rewriter(mod))
 
 
 @relax.expr_functor.mutator
