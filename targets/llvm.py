@@ -183,6 +183,9 @@ def partition_passes(target: tvm.target.Target, _policy) -> list:
     - with avx512_bf16: bf16 convolutions as im2col + GEMM on NHWC rows (the bf16 GEMM
       kernels), and ``x @ W.T`` on a run-time bf16 weight (a training step) reading ``W`` in
       place;
+    - with avx512_bf16: the symbolic rows of a bf16 matmul (a MoE expert's tokens, a dynamic
+      sequence) padded to whole row tiles, which the bf16 GEMM kernel needs to read them in
+      place (``relay_passes/symbolic_rows.py``);
     - low-precision NCHW depthwise convs left (not on rows) reading their fp32 input without a
       cast kernel;
     - with avx512_bf16: attention over a ragged number of keys (Whisper's 1500) padded to
@@ -202,8 +205,10 @@ def partition_passes(target: tvm.target.Target, _policy) -> list:
     from tvmamp.relay_passes.row_layout import SinkRowLayoutBelowMatmul
     from tvmamp.relay_passes.slices_to_split import SlicesToSplit
     from tvmamp.relay_passes.split_to_slices import SplitToSlices
+    from tvmamp.relay_passes.symbolic_rows import PadSymbolicRows
     from tvmamp.relay_passes.take_bounds import GuardTakeIndices
     from tvmamp.relay_passes.weight_transpose import FuseWeightTranspose
+    from tvmamp.schedules.cpu.bf16_matmul import CPUMatmulBF16
     from tvmamp.schedules.cpu.bf16_softmax import merges_columns
 
     first = [
@@ -218,7 +223,8 @@ def partition_passes(target: tvm.target.Target, _policy) -> list:
         return [*first, ConvTransposeToSubPixel(), DepthwisePlanes(), FastMath()]
     gemm = Conv2dToGemm("bfloat16")
     sub_pixel = ConvTransposeToSubPixel(leave=gemm.rewrites)  # what gemm runs on rows
-    rows = [sub_pixel, gemm, FuseWeightTranspose(), DepthwisePlanes()]
+    symbolic = PadSymbolicRows(CPUMatmulBF16.Config().tile_i)
+    rows = [sub_pixel, gemm, FuseWeightTranspose(), symbolic, DepthwisePlanes()]
     keys = PadAttentionKeys(lambda extents: merges_columns(target, extents))
     # FastMath last: activations are still ops on the rows
     return [*first, *rows, keys, FastMath()]

@@ -33,10 +33,13 @@ from .bf16_conv import find_conv_gemm, has_gather
 from .common import (
     CPURule,
     NotApplicable,
+    divisible,
     inline_epilogue,
     is_reduction,
+    nominal,
     parallel_with_rows,
     row_block_tiles,
+    static_extent,
     use_parallel,
     vectorize_tile,
     vectorize_whole_or_leave,
@@ -53,7 +56,11 @@ class CPUMatmulBF16(CPURule):
     to whole row tiles, ``J`` to whole vectors and ``K`` to pairs; a padded (or transposed)
     ``A`` is copied by another pre-processing function. Each ``tile_i x 16 * vectors_j``
     accumulator tile is a ``local`` buffer held in zmm registers and the fused epilogue runs on
-    it. Only targets with avx512_bf16; static shapes.
+    it. Only targets with avx512_bf16. ``S`` and ``I`` may be symbolic (a dynamic batch, the
+    rows of one expert of a MoE layer) where ``I`` is provably whole row tiles
+    (:mod:`tvmamp.relay_passes.symbolic_rows` pads it so): TVM keeps no bf16 buffer in a kernel
+    (docs/CPU_BF16.md), so ``A`` must be read in place. Such a kernel runs on ``vdpbf16ps``, not
+    AMX; ``J`` and ``K`` are static.
     """
 
     @dataclass
@@ -106,6 +113,11 @@ class CPUMatmulBF16(CPURule):
     def is_target_available(self, target: Target) -> bool:
         """Return whether ``target`` is an LLVM target with avx512_bf16."""
         return super().is_target_available(target) and has_avx512bf16(target)
+
+    def takes_shapes(self, sch: s_tir.Schedule) -> bool:
+        """Any shapes: :func:`gemm_extents` and :func:`make_plan` refuse what cannot be
+        scheduled."""
+        return True
 
     def apply(  # pylint: disable=missing-function-docstring
         self, func: tirx.PrimFunc, target: Target, _: bool
@@ -191,7 +203,7 @@ class Plan:
 
     @property
     def needs_padding(self) -> bool:
-        return any(e % p for e, p in zip(self.extents, self.padding, strict=True))
+        return not all(divisible(e, p) for e, p in zip(self.extents, self.padding, strict=True))
 
 
 # Rows of a row-major ``B[K, J]`` that its packing reads before moving down: it walks them
@@ -212,6 +224,8 @@ def make_plan(extents: list[int], config: CPUMatmulBF16.Config) -> Plan:
     rows, not 56 padded rows (10 % faster), and with no padding ``A`` is read in place.
     """
     rows = extents[1]
+    if not isinstance(rows, int):
+        return _symbolic_rows_plan(extents, config)
     gemv = rows <= config.gemv_rows
     vectors = config.gemv_vectors_j if gemv else config.vectors_j
     while vectors > 1 and intrin.LANES * (vectors // 2) >= extents[2]:
@@ -225,6 +239,19 @@ def make_plan(extents: list[int], config: CPUMatmulBF16.Config) -> Plan:
     return Plan(extents=extents, tile_i=tile_i, tile_j=intrin.LANES * vectors)
 
 
+def _symbolic_rows_plan(extents: list, config: CPUMatmulBF16.Config) -> Plan:
+    """The plan for symbolic rows: the configured tile, or the largest shorter one that
+    provably divides the rows (``A`` is read in place; a padded copy would be promoted to fp32
+    inside the kernel). Raises NotApplicable when none does."""
+    vectors = config.vectors_j
+    while vectors > 1 and intrin.LANES * (vectors // 2) >= extents[2]:
+        vectors //= 2
+    for tile_i in range(config.tile_i, 0, -1):
+        if divisible(extents[1], tile_i) and (tile_i == config.tile_i or tile_i % 2 == 0):
+            return Plan(extents=extents, tile_i=tile_i, tile_j=intrin.LANES * vectors)
+    raise NotApplicable(f"the symbolic rows {extents[1]} are not provably whole row tiles")
+
+
 def _padded(rows: int, tile: int) -> int:
     return -(-rows // tile) * tile
 
@@ -236,7 +263,7 @@ def schedule_matmul(
     a_contiguous = k_is_innermost(sch.get(main), 0)
     shared = shared_operands(sch, main)
     normalize(sch, main)
-    extents = [int(iv.dom.extent) for iv in sch.get(main).iter_vars]
+    extents = gemm_extents(sch.get(main))
     # The AMX kernel reads A tile-packed: an A that the epilogue also reads (``x + x @ w``)
     # cannot be replaced by its packed copy, but vdpbf16ps can read it in place.
     if use_amx(target, extents, config) and 0 not in shared:
@@ -253,7 +280,8 @@ def schedule_matmul(
     sch.reverse_compute_at(acc, row_tile, preserve_unit_loops=True)
     inline_epilogue(sch, acc)
     vectorize_tile(sch, acc)
-    parallel = parallel_with_rows(sch, target, outer, row_tile, math.prod(plan.extents))
+    work = math.prod(nominal(e) for e in plan.extents)
+    parallel = parallel_with_rows(sch, target, outer, row_tile, work)
     if parallel is not None:
         sch.parallel(parallel)
         outer = parallel
@@ -275,7 +303,21 @@ def tensorize_tile(sch: s_tir.Schedule, main: SBlockRV, plan: Plan, outer, k_out
 
 def use_amx(target: Target, extents: list[int], config: CPUMatmulBF16.Config) -> bool:
     """Return whether to use the AMX kernel: the target has it and there are enough rows."""
-    return config.amx and has_amx_bf16(target) and extents[1] >= config.amx_min_rows
+    return (
+        config.amx
+        and has_amx_bf16(target)
+        and all(isinstance(e, int) for e in extents)
+        and extents[1] >= config.amx_min_rows
+    )
+
+
+def gemm_extents(block: s_tir.SBlock) -> list:
+    """The normalised ``[S, I, J, K]`` extents of ``block``: ints, where ``S`` and ``I`` may
+    be PrimExprs (symbolic). Raises NotApplicable for a symbolic ``J`` or ``K``."""
+    extents = [static_extent(iv.dom.extent) for iv in block.iter_vars]
+    if extents[2] is None or extents[3] is None:
+        raise NotApplicable("the columns or the reduction of the GEMM are symbolic")
+    return [e if e is not None else iv.dom.extent for e, iv in zip(extents, block.iter_vars)]
 
 
 def prepare(
@@ -298,8 +340,8 @@ def prepare(
     """
     if 1 in shared:
         raise NotApplicable("another block reads B, whose packing would replace it")
-    extents = [int(iv.dom.extent) for iv in sch.get(main).iter_vars]
-    if any(e % p for e, p in zip(extents, padding, strict=True)):
+    extents = gemm_extents(sch.get(main))
+    if not all(divisible(e, p) for e, p in zip(extents, padding, strict=True)):
         sch.pad_einsum(main, padding)
     reindex_a, reindex_b = sch.get_producers(main)
     gathered = bool(sch.get_producers(reindex_a))
@@ -312,9 +354,13 @@ def prepare(
         pack_a is None
         and a_contiguous
         and not gathered
-        and extents[1] % padding[1] == 0
-        and extents[3] % padding[3] == 0
+        and divisible(extents[1], padding[1])
+        and divisible(extents[3], padding[3])
     )
+    if not in_place and pack_a is None and not all(isinstance(e, int) for e in extents[:2]):
+        # TVM promotes a bf16 buffer allocated in a kernel to fp32 (BF16ComputeLegalize), and
+        # Relax's SplitLayoutRewritePreproc splits out static shapes only.
+        raise NotApplicable("A with symbolic rows must be read in place, not copied")
     if 0 in shared and not in_place:
         raise NotApplicable("another block reads A, whose padded copy would replace it")
     if pack_a is not None:
@@ -326,7 +372,7 @@ def prepare(
     else:
         _copy_rows(sch, reindex_a, target, channels)
     _pack_pairs(sch, reindex_b, target)
-    return [int(iv.dom.extent) for iv in sch.get(main).iter_vars]
+    return gemm_extents(sch.get(main))
 
 
 def _pack_pairs(sch: s_tir.Schedule, pack: SBlockRV, target: Target) -> None:
@@ -426,7 +472,7 @@ def _copy_rows(
 def _parallel_outer(sch: s_tir.Schedule, block: SBlockRV, target: Target) -> None:
     """Run the two outermost loops of a copy block in parallel when it is large enough."""
     loops = sch.get_loops(block)
-    work = math.prod(int(sch.get(loop).extent) for loop in loops)
+    work = math.prod(nominal(sch.get(loop).extent) for loop in loops)
     if use_parallel(target, work):
         sch.parallel(sch.fuse(*loops[:2]))
 
@@ -446,7 +492,8 @@ def tile(sch: s_tir.Schedule, main: SBlockRV, plan: Plan, rows_outside: bool = F
     j_outer, j_vec, j_lane = sch.split(j, [None, plan.tile_j // intrin.LANES, intrin.LANES])
     k_outer, k_pair = sch.split(k, [None, intrin.PAIR])
     first, second = (i_outer, j_outer) if rows_outside else (j_outer, i_outer)
-    tiles = None if rows_outside else row_block_tiles(plan.extents, plan.tile_i, 2)
+    static = all(isinstance(e, int) for e in plan.extents)
+    tiles = None if rows_outside or not static else row_block_tiles(plan.extents, plan.tile_i, 2)
     if tiles is None:
         sch.reorder(s, first, second, k_outer, i_inner, j_vec, j_lane, k_pair)
     else:  # blocks of A's rows that stay in the last-level cache while the weight streams past

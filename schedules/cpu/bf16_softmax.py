@@ -32,7 +32,7 @@ from .bf16_matmul import (
     use_amx,
 )
 from .bf16_passes import packs_take_intrinsics
-from .common import NotApplicable, is_reduction, use_parallel, vectorize_tile
+from .common import NotApplicable, all_static, is_reduction, use_parallel, vectorize_tile
 from .matmul_analysis import normalize
 
 # Most columns (keys) of a merged kernel; longer rows stay two kernels. A row block's scores and
@@ -77,6 +77,10 @@ class CPUGemmSoftmaxBF16(CPUMatmulBF16):
     (:data:`AMX_MAX_COLUMNS` where the GEMM would run on AMX). The GEMM rule's configuration,
     target gating and fallbacks.
     """
+
+    def takes_shapes(self, sch: s_tir.Schedule) -> bool:
+        """Static shapes only (the GEMM rule also takes symbolic rows)."""
+        return all_static(sch)
 
     def apply(  # pylint: disable=missing-function-docstring
         self, func: tirx.PrimFunc, target: Target, _: bool

@@ -11,6 +11,7 @@ from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.s_tir.dlight.gpu.matmul import auto_inline_consumers
 from tvm.s_tir.schedule import LoopRV, ScheduleError
+from tvm.sym.analyzer import Analyzer
 from tvm.target import Target
 from tvm.target.codegen import target_has_features
 from tvm.tirx.analysis import undefined_vars
@@ -39,11 +40,17 @@ class CPURule(ScheduleRule):
     DOES_NOT_FIT: tuple = (ScheduleError,)
 
     def static_schedule(self, func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
-        """A Schedule of ``func`` if this rule may apply: a PrimFunc, this target, static shapes."""
+        """A Schedule of ``func`` if this rule may apply: a PrimFunc, this target, and shapes
+        the rule takes (:meth:`takes_shapes`)."""
         if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
             return None
         sch = s_tir.Schedule(func)
-        return sch if all_static(sch) else None
+        return sch if self.takes_shapes(sch) else None
+
+    def takes_shapes(self, sch: s_tir.Schedule) -> bool:
+        """Whether the rule schedules the function's shapes: static ones only, unless a rule
+        handles symbolic extents itself."""
+        return all_static(sch)
 
     def schedule_block(
         self,
@@ -134,9 +141,10 @@ def parallel_with_rows(
     """
     if not use_parallel(target, work):
         return None
-    chunks = row_chunks(
-        num_cores(target), int(sch.get(outer).extent), int(sch.get(row_loop).extent)
-    )
+    rows = static_extent(sch.get(row_loop).extent)
+    if rows is None:  # symbolic rows: the column tasks alone run in parallel
+        return outer
+    chunks = row_chunks(num_cores(target), int(sch.get(outer).extent), rows)
     if chunks > 1:
         chunk, _ = sch.split(row_loop, [chunks, None])
         outer = sch.fuse(outer, chunk)
@@ -170,6 +178,26 @@ def row_block_tiles(extents: list[int], tile_i: int, element_bytes: int) -> int 
 def static_extent(expr: tirx.PrimExpr) -> int | None:
     """Return ``expr`` as a Python int when it is a constant, else ``None``."""
     return int(expr.value) if isinstance(expr, tirx.IntImm) else None
+
+
+# What a symbolic extent (a dynamic batch, the rows of one expert of a MoE layer) counts as
+# where a schedule weighs work: enough to run in parallel, too few to block for the cache.
+NOMINAL_EXTENT = 256
+
+
+def nominal(extent) -> int:
+    """``extent`` (an int or a PrimExpr) as an int: :data:`NOMINAL_EXTENT` when symbolic."""
+    if isinstance(extent, int):
+        return extent
+    value = static_extent(extent)
+    return NOMINAL_EXTENT if value is None else value
+
+
+def divisible(extent, factor: int) -> bool:
+    """Whether ``extent`` (an int or a PrimExpr) is provably a multiple of ``factor``."""
+    if isinstance(extent, int):
+        return extent % factor == 0
+    return Analyzer().can_prove(tirx.floormod(extent, factor) == 0)
 
 
 def param_buffers(sch: s_tir.Schedule) -> list[tirx.Buffer]:

@@ -9,8 +9,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 import tvm
-from tvm import relax
+from tvm import relax, tirx
 from tvm.s_tir import TensorIntrin
+from tvm.target import Target
 
 from tvmamp.pipeline import legalize_passes
 from tvmamp.schedules.cpu import CPUMatmulBF16, common, cpu_schedule_passes, default_cpu_rules
@@ -339,3 +340,28 @@ def test_an_operand_the_epilogue_also_reads(shape):
         amx = tvmamp.build(mod, "O2", "llvm -mcpu=sapphirerapids -num-cores=1", params=params)
         names = re.findall(r"@(\w+)", amx.vm_exec.as_text())
         assert any(n.endswith("_prepacked") for n in names), names
+
+
+def _symbolic_rows_gemm(rows):
+    """The legalized ``x[rows, 96] @ w[96, 80]`` in bf16 with fp32 accumulation."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([rows, 96], "bfloat16"))
+    w = relax.Var("w", relax.TensorType([96, 80], "bfloat16"))
+    with bb.function("main", [x, w]):
+        y = bb.emit(relax.op.matmul(x, w, out_dtype="float32"))
+        bb.emit_func_output(y)
+    mod = relax.transform.LegalizeOps()(bb.get())
+    (func,) = [f for _, f in mod.functions_items() if isinstance(f, tirx.PrimFunc)]
+    return func.with_attr("global_symbol", "main")
+
+
+def test_symbolic_rows_in_whole_tiles_take_vdpbf16ps():
+    """A dynamic batch or a MoE expert's rows (padded to whole tiles by PadSymbolicRows) get
+    the register-tiled kernel; rows that would need a padded bf16 copy inside the kernel
+    (which TVM promotes to fp32) are left to the next rule."""
+    target = Target({"kind": "llvm", "mcpu": "znver5", "num-cores": 2})
+    m = tirx.Var("m", "int64")
+    sch = CPUMatmulBF16().apply(_symbolic_rows_gemm(m * 8), target, False)
+    assert sch is not None
+    assert "tvmamp_dpbf16ps_16x2" in sch.mod.script()
+    assert CPUMatmulBF16().apply(_symbolic_rows_gemm(m), target, False) is None

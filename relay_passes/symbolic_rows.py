@@ -1,0 +1,86 @@
+"""Pad the symbolic rows of a bf16 matmul to whole row tiles, so that its GEMM kernel runs.
+
+A matmul whose rows are only known at run time (one expert's share of the tokens in a
+mixture-of-experts layer, ``tvmamp.frontends.torch_moe``; a dynamic sequence length) has a
+symbolic row extent. The CPU bf16 GEMM rule schedules such a kernel only when it can read the
+left operand in place, i.e. when the rows are provably whole register tiles: the padded copy it
+makes for static shapes would be a bf16 buffer inside the kernel, which TVM promotes to fp32
+(docs/CPU_BF16.md). Without the rule the kernel is left unscheduled: a scalar loop, 100 times
+slower.
+
+Here ``matmul(a, b)`` with symbolic rows ``m`` not provably a multiple of ``tile`` becomes::
+
+    padded = concat([a, zeros(..., ceil(m / tile) * tile - m, k)], axis=-2)
+    matmul(padded, b)[..., :m, :]
+
+The padded rows are zeros and are sliced off, so the result is the same.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax, tirx
+from tvm.relax import PyExprMutator
+from tvm.sym.analyzer import Analyzer
+
+from .bindings import rewrite_functions
+
+_MATMUL = tvm.ir.Op.get("relax.matmul")
+
+
+def needs_padding(rows, tile: int) -> bool:
+    """Whether a row extent is symbolic and not provably a multiple of ``tile``."""
+    if isinstance(rows, tirx.IntImm):
+        return False
+    return not Analyzer().can_prove(tirx.floormod(rows, tile) == 0)
+
+
+@tvm.transform.module_pass(opt_level=0, name="tvmamp.PadSymbolicRows")
+class PadSymbolicRows:
+    """Pad the symbolic rows of each bf16 ``matmul`` to a multiple of ``tile``.
+
+    Parameters
+    ----------
+    tile : int
+        The row tile of the GEMM kernel (``CPUMatmulBF16.Config.tile_i``).
+    """
+
+    def __init__(self, tile: int):
+        self.tile = tile
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        return rewrite_functions(mod, _Rewriter(mod, self.tile))
+
+
+@relax.expr_functor.mutator
+class _Rewriter(PyExprMutator):
+    def __init__(self, mod: tvm.IRModule, tile: int):
+        super().__init__(mod)
+        self.tile = tile
+
+    def visit_call_(self, call):
+        call = self.visit_expr_post_order(call)
+        if call.op != _MATMUL or not self._applies(call):
+            return call
+        a, b = call.args
+        shape = list(a.ty.shape)
+        rows, depth = shape[-2], shape[-1]
+        padded = (rows + self.tile - 1) // self.tile * self.tile
+        zeros = relax.op.zeros(relax.ShapeExpr([*shape[:-2], padded - rows, depth]), a.ty.dtype)
+        a = self.builder_.emit(relax.op.concat([a, zeros], axis=len(shape) - 2))
+        out = self.builder_.emit(relax.op.matmul(a, b, out_dtype=call.attrs.out_dtype))
+        axis = out.ty.ndim - 2
+        return relax.op.strided_slice(out, [axis], [0], [rows], assume_inbound=True)
+
+    def _applies(self, call) -> bool:
+        a, b = call.args
+        a_ty, b_ty = a.ty, b.ty
+        if not isinstance(a_ty, relax.TensorType) or not isinstance(b_ty, relax.TensorType):
+            return False
+        if a_ty.shape is None or b_ty.shape is None or a_ty.ndim < 2 or b_ty.ndim < 2:
+            return False
+        if str(a_ty.dtype) != "bfloat16" or str(b_ty.dtype) != "bfloat16":
+            return False
+        a_shape, b_shape = list(a_ty.shape), list(b_ty.shape)
+        static = all(isinstance(e, tirx.IntImm) for e in (a_shape[-1], *b_shape[-2:]))
+        return static and needs_padding(a_shape[-2], self.tile)
