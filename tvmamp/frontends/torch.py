@@ -7,6 +7,7 @@ import inspect
 import warnings
 from collections.abc import Mapping
 
+from . import torch_moe
 from .common import UnsupportedOperatorError, rename_params, require, split_params
 from .torch_graph import (
     compute_binary_ops_in_their_dtype,
@@ -796,6 +797,9 @@ def _converters() -> dict:
         "div.Tensor_mode": _div_mode,
         "index.Tensor": _index,
         "index_put.default": _index_put,
+        "histc.default": torch_moe.histc,
+        "grouped_mm_fallback.default": torch_moe.grouped_mm,
+        "_grouped_mm.default": torch_moe.grouped_mm,
         "remainder.Scalar_Tensor": _binary("floor_mod"),
         **{
             f"{name}.{overload}": _binary(op)
