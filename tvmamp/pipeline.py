@@ -32,6 +32,7 @@ from tvm import relax
 from tvmamp.conversion import Converted
 from tvmamp.executable import Executable
 from tvmamp.relay_passes.low_reductions import LEGALIZE_MAP
+from tvmamp.relay_passes.symbolic_order import OrderShapeDefinitions
 
 # ``hook(converted) -> tvm.IRModule``: rewrites every converted module before it is lowered while
 # registered (the debugging tools insert their packed calls this way). With no hook registered
@@ -77,6 +78,7 @@ def legalize_passes(target=None, entry=None) -> list:
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),
         relax.transform.FuseOps(),
+        OrderShapeDefinitions(),  # FuseOps may hoist a call above its sizes' match_cast
         *fusion,
         relax.transform.FuseTIR(),
     ]

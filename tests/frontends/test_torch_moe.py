@@ -120,22 +120,35 @@ def test_other_grouped_matmul_forms_are_refused():
         tvmamp.from_torch(Batched(), (x, w))
 
 
-def test_mixtral_layer_end_to_end():
-    """A tiny Mixtral (2 layers, 4 experts, top-2) from its config, random weights."""
+MOE_CONFIGS = {
+    "MixtralConfig": {"num_local_experts": 4},
+    # a shared expert beside the routed ones; its sizes once made the VM fail to build
+    "Qwen2MoeConfig": {
+        "num_experts": 4,
+        "moe_intermediate_size": 48,
+        "shared_expert_intermediate_size": 96,
+    },
+}
+
+
+@pytest.mark.parametrize("config_name", sorted(MOE_CONFIGS))
+def test_moe_model_end_to_end(config_name):
+    """A tiny MoE language model (2 layers, 4 experts, top-2) from its config, random weights,
+    at O0 against eager torch."""
     transformers = pytest.importorskip("transformers")
-    config = transformers.MixtralConfig(
+    config = getattr(transformers, config_name)(
         vocab_size=256,
         hidden_size=64,
         intermediate_size=96,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        num_local_experts=4,
         num_experts_per_tok=2,
         use_cache=False,
+        **MOE_CONFIGS[config_name],
     )
     torch.manual_seed(0)
-    model = transformers.MixtralModel(config).eval()
+    model = transformers.AutoModel.from_config(config).eval()
 
     class Hidden(nn.Module):
         def __init__(self, inner):
