@@ -120,6 +120,26 @@ def test_other_grouped_matmul_forms_are_refused():
         tvmamp.from_torch(Batched(), (x, w))
 
 
+def test_unsorted_topk():
+    """``topk(sorted=False)`` (DeepSeek-V3's router), which TVM's importer refused: the same
+    set of values and indices as torch, in some order."""
+
+    def fn(x):
+        values, indices = torch.topk(x, 3, dim=-1, sorted=False)
+        picked = torch.gather(x, -1, indices)
+        return torch.sort(values, dim=-1).values + torch.sort(picked, dim=-1).values
+
+    x = np.random.default_rng(3).standard_normal((5, 11)).astype("float32")
+
+    class Fn(nn.Module):
+        def forward(self, x):
+            return fn(x)
+
+    want = Fn()(torch.from_numpy(x)).numpy()
+    for level in ("O0", "O2"):
+        _close(np.asarray(_build(Fn(), x, level=level)(x)), want, level)
+
+
 MOE_CONFIGS = {
     "MixtralConfig": {"num_local_experts": 4},
     # a shared expert beside the routed ones; its sizes once made the VM fail to build

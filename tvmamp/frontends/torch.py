@@ -475,6 +475,23 @@ def _clamp(node, importer):
     return x
 
 
+def _topk(node, importer):
+    """``aten.topk(x, k, dim=-1, largest=True, sorted=True)``: values and int64 indices.
+
+    TVM's importer refuses ``sorted=False`` ("Currently supports only sorted output"), which
+    DeepSeek-V3's router asks for. The order of an unsorted topk is unspecified, so the
+    sorted result is a valid one.
+    """
+    from tvm import relax
+
+    x = importer.env[node.args[0]]
+    k = node.args[1] if len(node.args) > 1 else node.kwargs.get("k", 1)
+    dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", -1)
+    largest = node.args[3] if len(node.args) > 3 else node.kwargs.get("largest", True)
+    top = relax.op.topk(x, k=k, axis=dim, largest=bool(largest), ret_type="both", dtype="int64")
+    return importer.block_builder.emit(top)
+
+
 def _extremum(reduce):
     """A converter of ``aten.amax``/``amin(x, dim=(), keepdim=False)``: ``reduce`` over ``dim``
     (every axis when it is empty, as in torch). TVM's importer has none, so ``torch.logsumexp``
@@ -797,6 +814,7 @@ def _converters() -> dict:
         "div.Tensor_mode": _div_mode,
         "index.Tensor": _index,
         "index_put.default": _index_put,
+        "topk.default": _topk,
         "histc.default": torch_moe.histc,
         "grouped_mm_fallback.default": torch_moe.grouped_mm,
         "_grouped_mm.default": torch_moe.grouped_mm,
