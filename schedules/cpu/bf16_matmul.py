@@ -350,6 +350,11 @@ def prepare(
         auto_inline_producers(sch, block)
         if not reads_only_params(sch, block):
             raise NotApplicable("a packed operand is computed inside the kernel")
+    if any(static_extent(sch.get(loop).extent) is None for loop in sch.get_loops(reindex_b)):
+        # a run-time B over a symbolic batch (attention under a dynamic batch): its packing
+        # must be split out of the kernel, which SplitLayoutRewritePreproc does for static
+        # shapes only
+        raise NotApplicable("the packing of B has symbolic extents")
     in_place = (
         pack_a is None
         and a_contiguous

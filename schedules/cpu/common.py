@@ -142,9 +142,10 @@ def parallel_with_rows(
     if not use_parallel(target, work):
         return None
     rows = static_extent(sch.get(row_loop).extent)
-    if rows is None:  # symbolic rows: the column tasks alone run in parallel
+    tasks = static_extent(sch.get(outer).extent)
+    if rows is None or tasks is None:  # a symbolic batch or rows: the outer tasks alone
         return outer
-    chunks = row_chunks(num_cores(target), int(sch.get(outer).extent), rows)
+    chunks = row_chunks(num_cores(target), tasks, rows)
     if chunks > 1:
         chunk, _ = sch.split(row_loop, [chunks, None])
         outer = sch.fuse(outer, chunk)
@@ -421,8 +422,12 @@ def schedule_injective(
             return
     if transposed:
         outer, vec = _tile_square(sch, loops, square)
-    elif extents[-1] % lanes == 0:
+    elif extents[-1] is not None and extents[-1] % lanes == 0:
         vec_outer, vec = sch.split(loops[-1], [None, lanes])
+        outer = [*loops[:-1], vec_outer]
+    elif None in extents:  # a symbolic extent: the innermost loop alone is vectorised
+        factor = largest_divisor(extents[-1] or 1, lanes)
+        vec_outer, vec = sch.split(loops[-1], [None, factor])
         outer = [*loops[:-1], vec_outer]
     else:
         factor = largest_divisor(math.prod(extents), lanes)

@@ -13,11 +13,15 @@ from tvm.target import Target
 
 from .common import (
     CPURule,
+    NotApplicable,
+    all_static,
     inline_epilogue,
     largest_divisor,
     logger,
+    nominal,
     parallel_with_rows,
     schedule_injective,
+    static_extent,
     tile_fma_gemm,
     use_parallel,
     vector_bits,
@@ -34,7 +38,9 @@ class CPUMatmul(CPURule):
     ``I`` and ``J`` are padded to whole tiles; ``B`` is packed into ``[S, J / tile_j, K,
     tile_j]`` panels, one panel per outer ``J`` iteration so that it stays in L2; each
     ``tile_i x tile_j`` accumulator lives in a ``local`` buffer that LLVM keeps in vector
-    registers; the fused epilogue runs on the finished tile. Shapes must be static.
+    registers; the fused epilogue runs on the finished tile. Shapes must be static but for
+    ``S`` (the batch of an attention's matmuls under a dynamic batch): its packed panels stay in
+    the kernel, so a symbolic ``S`` is no obstacle.
 
     An fp32 GEMV or small-batch GEMM (few rows, a 2-D weight read from a parameter) gets the
     schedule of :mod:`.gemv` instead: its weight is packed at compile time into panels that
@@ -71,6 +77,10 @@ class CPUMatmul(CPURule):
         self.gemv = gemv
         self.gemv_config = gemv_config
 
+    def takes_shapes(self, sch: s_tir.Schedule) -> bool:
+        """Any shapes: :func:`_make_plan` refuses a symbolic ``I``, ``J`` or ``K``."""
+        return True
+
     def get_config(self, target: Target) -> Config:
         """Return the tile configuration for ``target``."""
         return self.CONFIGS[vector_bits(target)]
@@ -97,7 +107,7 @@ class CPUMatmul(CPURule):
     def _apply_gemv(self, func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
         """The GEMV schedule of ``func``, or None (then the register tiles below apply)."""
         gemv = self.get_gemv_config(target)
-        if gemv is None:
+        if gemv is None or not all_static(s_tir.Schedule(func)):
             return None
         try:
             return self.schedule_block(
@@ -115,7 +125,7 @@ class CPUMatmul(CPURule):
 class _Plan:
     """Tile sizes and packing decisions for one normalised matmul."""
 
-    extents: list[int]  # [S, I, J, K]
+    extents: list  # [S, I, J, K]: ints, S may be symbolic
     tile_i: int
     tile_j: int
     unroll_k: int
@@ -137,7 +147,10 @@ def _make_plan(
     block = sch.get(main)
     acc_dtype = str(block.writes[0].source.dtype)
     lanes = vector_lanes(target, acc_dtype)
-    extents = [int(iv.dom.extent) for iv in block.iter_vars]
+    extents = [static_extent(iv.dom.extent) for iv in block.iter_vars]
+    if None in extents[1:]:
+        raise NotApplicable("the rows, columns or reduction of the GEMM are symbolic")
+    extents[0] = extents[0] if extents[0] is not None else block.iter_vars[0].dom.extent
     tile_j = lanes * config.vectors_j
     while tile_j > lanes and tile_j // 2 >= extents[2]:
         tile_j //= 2
@@ -166,7 +179,7 @@ def _schedule(
     if not plan.pad_i:
         sch.compute_inline(reindex_a)
     else:  # the padded copy of A is a root block: vectorise it, in parallel when large enough
-        work = math.prod(int(sch.get(loop).extent) for loop in sch.get_loops(reindex_a))
+        work = math.prod(nominal(sch.get(loop).extent) for loop in sch.get_loops(reindex_a))
         schedule_injective(sch, reindex_a, vector_lanes(target), use_parallel(target, work))
     if not plan.pack_b:
         sch.compute_inline(reindex_b)
@@ -176,7 +189,8 @@ def _schedule(
     sch.reverse_compute_at(acc, i_outer, preserve_unit_loops=True)
     inline_epilogue(sch, acc)
     vectorize_tile(sch, acc)
-    parallel = parallel_with_rows(sch, target, outer, i_outer, math.prod(plan.extents))
+    work = math.prod(nominal(e) for e in plan.extents)
+    parallel = parallel_with_rows(sch, target, outer, i_outer, work)
     if plan.pack_b:  # one panel per parallel task (row chunks pack their own)
         _pack_panels(sch, reindex_b, outer if parallel is None else parallel, plan.tile_j)
     if parallel is not None:

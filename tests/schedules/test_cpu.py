@@ -154,6 +154,26 @@ def test_matmul_dynamic_shape_not_handled():
     assert CPUMatmul().apply(mod["matmul"], TARGET, False) is None
 
 
+@pytest.mark.parametrize("batch", [1, 3])
+def test_batch_matmul_over_a_symbolic_batch(batch):
+    """An attention's ``q @ k`` under a dynamic batch: both operands are run-time tensors
+    with a symbolic batch, which the register tiles take (it was a scalar loop)."""
+    s = tvm.tirx.Var("s", "int64")
+    inputs = {"a": ((s, 17, 40), "bfloat16"), "b": ((s, 40, 24), "bfloat16")}
+
+    def body(bb, a, b):
+        return relax.op.matmul(a, b, out_dtype="float32")
+
+    kernel = _schedule(_module(inputs, body))["matmul"]
+    assert kernel.attrs["tirx.is_scheduled"] and "T.vectorized" in kernel.script()
+    rng = np.random.default_rng(batch)
+    a = _randn(rng, (batch, 17, 40), "bfloat16")
+    b = _randn(rng, (batch, 40, 24), "bfloat16")
+    out, _ = _run(_module(inputs, body), a, b)
+    ref = np.matmul(a.astype("float64"), b.astype("float64"))
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-4)
+
+
 @pytest.mark.parametrize(
     ("x_shape", "w_shape", "stride", "padding", "dilation"),
     [
