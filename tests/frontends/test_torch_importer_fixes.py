@@ -421,3 +421,19 @@ def test_boolean_selection_is_refused_clearly(fn, message):
 
     with pytest.raises(ValueError, match=message):
         tvmamp.from_torch(Select(), (torch.randn(3, 4),))
+
+
+# ---------------------------------------------------------------- arange with a negative step
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: x + torch.arange(5, -5, -1, dtype=torch.float32),  # 10 values
+        lambda x: x[:3] + torch.arange(5, 0, -2).float(),  # 5, 3, 1
+        lambda x: x[:4] * torch.arange(1.5, -0.5, -0.5),  # float steps
+    ],
+)
+def test_arange_with_a_negative_step(fn, rng):
+    """Relax gave ``arange(5, 0, -2)`` 4 elements and ``arange(128, -128, -1)`` 258."""
+    _check(fn, _floats(rng, 10))

@@ -475,6 +475,35 @@ def _clamp(node, importer):
     return x
 
 
+def _arange(node, importer):
+    """``aten.arange(start, end, step)`` with a negative step.
+
+    Relax infers the wrong length for a negative step: ``arange(128, -128, -1)`` has 258
+    elements there, 256 in torch, and ``arange(5, 0, -2)`` 4 instead of 3 (Funnel
+    Transformer's relative positions failed to import; a model reading only the first
+    elements would have been silently wrong). Here the length is torch's and the values are
+    ``start + step * i``. Other calls go to TVM's converter.
+    """
+    import math
+
+    from tvm import relax
+
+    values = [node.kwargs.get(k) for k in ("start", "end", "step")]
+    given = list(node.args) if len(node.args) != 1 else [None, node.args[0]]
+    for i, arg in enumerate(given):
+        values[i] = arg
+    start, end, step = (0 if values[0] is None else values[0]), values[1], values[2]
+    numbers = all(isinstance(v, (int, float)) for v in (start, end, step))
+    if not numbers or step >= 0:
+        return importer._arange(node)
+    result = node.meta.get("val")
+    dtype = importer._convert_data_type(result.dtype, importer.env)
+    count = max(0, math.ceil((end - start) / step))
+    index = relax.op.arange(0, count, 1, dtype)
+    offsets = relax.op.multiply(index, relax.const(step, dtype))
+    return importer.block_builder.emit(relax.op.add(offsets, relax.const(start, dtype)))
+
+
 def _topk(node, importer):
     """``aten.topk(x, k, dim=-1, largest=True, sorted=True)``: values and int64 indices.
 
@@ -815,6 +844,7 @@ def _converters() -> dict:
         "index.Tensor": _index,
         "index_put.default": _index_put,
         "topk.default": _topk,
+        "arange.start_step": _arange,
         "histc.default": torch_moe.histc,
         "grouped_mm_fallback.default": torch_moe.grouped_mm,
         "_grouped_mm.default": torch_moe.grouped_mm,
