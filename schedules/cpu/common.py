@@ -406,6 +406,14 @@ def schedule_injective(
     """
     loops = sch.get_loops(block)
     extents = [static_extent(sch.get(loop).extent) for loop in loops]
+    if None in extents:  # a symbolic extent (a dynamic batch): the innermost loop is the vector
+        vector = largest_divisor(extents[-1] or 1, lanes)
+        vec_outer, vec = sch.split(loops[-1], [None, vector])
+        sch.vectorize(vec)
+        fused = sch.fuse(*loops[:-1], vec_outer)
+        if parallel:
+            sch.parallel(fused)
+        return
     square = _square_tile(extents, lanes) if len(loops) > 1 else None
     transposed = square is not None and _reads_transposed(sch.get(block))
     if lanes >= transpose.SIDE:
@@ -422,12 +430,8 @@ def schedule_injective(
             return
     if transposed:
         outer, vec = _tile_square(sch, loops, square)
-    elif extents[-1] is not None and extents[-1] % lanes == 0:
+    elif extents[-1] % lanes == 0:
         vec_outer, vec = sch.split(loops[-1], [None, lanes])
-        outer = [*loops[:-1], vec_outer]
-    elif None in extents:  # a symbolic extent: the innermost loop alone is vectorised
-        factor = largest_divisor(extents[-1] or 1, lanes)
-        vec_outer, vec = sch.split(loops[-1], [None, factor])
         outer = [*loops[:-1], vec_outer]
     else:
         factor = largest_divisor(math.prod(extents), lanes)

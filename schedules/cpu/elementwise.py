@@ -18,6 +18,7 @@ from .common import (
     all_static,
     fuse_transposed_inner,
     largest_divisor,
+    nominal,
     schedule_injective,
     static_extent,
     try_inline_all,
@@ -46,8 +47,10 @@ class CPUElementwise(CPURule):
             return None
         sch = s_tir.Schedule(func)
         blocks = sch.get_child_blocks(get_root_block(sch))
-        if not blocks or not all_static(sch) or not all(_is_spatial(sch, b) for b in blocks):
+        if not blocks or not all(_is_spatial(sch, b) for b in blocks):
             return None
+        if not all_static(sch):
+            return _schedule_symbolic(sch, blocks, target)
         channels = im2col_channels(func)
         if channels is not None and len(blocks) == 1:
             schedule_im2col(sch, blocks[0], channels, target)
@@ -73,6 +76,22 @@ class CPUElementwise(CPURule):
         except ScheduleError:
             return None
         return sch
+
+
+def _schedule_symbolic(sch: s_tir.Schedule, blocks: list, target: Target) -> s_tir.Schedule | None:
+    """Symbolic extents (a dynamic batch): inline what can be inlined, then vectorise each
+    remaining block's innermost loop where its extent allows and run the loops outside it in
+    parallel (:func:`.common.schedule_injective`). None where a primitive refuses."""
+    remaining = try_inline_all(sch, blocks[:-1]) + blocks[-1:]
+    try:
+        for block in remaining:
+            stmt = sch.get(block)
+            dtype = str(stmt.writes[0].source.dtype)
+            lanes = 1 if dtype == "bfloat16" and not stmt.reads else vector_lanes(target, dtype)
+            schedule_injective(sch, block, lanes, use_parallel(target, _num_elements(sch, block)))
+    except ScheduleError:
+        return None
+    return sch
 
 
 def _is_spatial(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
@@ -140,8 +159,9 @@ def _concat_offsets(stmt: s_tir.SBlock, var: tirx.Var, extent: int | None) -> li
 
 
 def _num_elements(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> int:
-    """Return the number of iterations of ``block`` (its shapes are static)."""
-    return math.prod(int(iv.dom.extent) for iv in sch.get(block).iter_vars)
+    """Return the number of iterations of ``block`` (a symbolic extent counts as
+    :data:`.common.NOMINAL_EXTENT`)."""
+    return math.prod(nominal(iv.dom.extent) for iv in sch.get(block).iter_vars)
 
 
 def _long_ragged_rows(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes: int) -> bool:

@@ -19,6 +19,7 @@ from tvm.target import Target
 
 from .common import (
     CPURule,
+    nominal,
     num_cores,
     param_buffers,
     static_extent,
@@ -54,6 +55,11 @@ class CPURowReduction(CPURule):
     into chunks instead (:func:`_schedule_long_rows`): each pass over the rows is a parallel
     loop over (row, chunk) of its own, the partial results of every chunk combined in between.
     """
+
+    def takes_shapes(self, sch: s_tir.Schedule) -> bool:
+        """Any shapes: :func:`_schedule` declines a symbolic extent outside the rows (a
+        dynamic batch makes only the number of rows symbolic)."""
+        return True
 
     def apply(  # pylint: disable=missing-function-docstring
         self, func: tirx.PrimFunc, target: Target, _: bool
@@ -96,6 +102,8 @@ def _schedule(sch: s_tir.Schedule, target: Target) -> bool:
     last = infos[-1].block_rv
     lanes = vector_lanes(target, "float32")
     lengths = [_row_length(sch, b.block_rv, rows) for b in infos if not b.is_injective()]
+    if None in lengths or _row_length(sch, last, rows) is None:
+        return False  # a symbolic row length
     if any(n % lanes and n >= 2 * lanes for n in lengths):
         return False  # a long ragged reduction would stay scalar, as in dlight.cpu.Reduction
     work = sum(_iterations(sch, b.block_rv) for b in infos)
@@ -103,7 +111,8 @@ def _schedule(sch: s_tir.Schedule, target: Target) -> bool:
     if chunks > 1:
         _schedule_long_rows(sch, infos, rows, lanes, chunks)
         return True
-    group = _row_group(_row_count(sch, last, rows), max(lengths), lanes)
+    count = _row_count(sch, last, rows)
+    group = 1 if count is None else _row_group(count, max(lengths), lanes)
     if rows > 1 and not all(_writes_intermediate(sch, b.block_rv) for b in infos[:-1]):
         group = 1  # a stage writes a kernel output, whose layout must stay
     if group > 1 and rows > 1:
@@ -146,11 +155,15 @@ def _row_group(count: int, length: int, lanes: int) -> int:
     return 1
 
 
-def _row_count(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, rows: int) -> int:
-    """The number of rows of ``block``: the product of its ``rows`` leading extents."""
+def _row_count(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, rows: int) -> int | None:
+    """The number of rows of ``block``: the product of its ``rows`` leading extents; None
+    when one is symbolic (a dynamic batch)."""
     count = 1
     for iv in sch.get(block).iter_vars[:rows]:
-        count *= static_extent(iv.dom.extent)
+        extent = static_extent(iv.dom.extent)
+        if extent is None:
+            return None
+        count *= extent
     return count
 
 
@@ -169,7 +182,7 @@ def _long_row_chunks(
     cores = num_cores(target)
     last = infos[-1].block_rv
     count = _row_count(sch, last, rows)
-    if not use_parallel(target, work) or count >= cores:
+    if not use_parallel(target, work) or count is None or count >= cores:
         return 1
     length = _row_length(sch, last, rows)
     if length % lanes:
@@ -228,19 +241,21 @@ def _schedule_long_rows(
     sch.vectorize(vec)
 
 
-def _row_length(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, rows: int) -> int:
-    """The number of elements one row of the reduction ``block`` reduces."""
+def _row_length(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, rows: int) -> int | None:
+    """The number of elements one row of the reduction ``block`` reduces (None: symbolic)."""
     length = 1
     for iv in sch.get(block).iter_vars[rows:]:
-        length *= static_extent(iv.dom.extent)
+        extent = static_extent(iv.dom.extent)
+        if extent is None:
+            return None
+        length *= extent
     return length
 
 
 def _iterations(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> int:
-    extents = [static_extent(iv.dom.extent) for iv in sch.get(block).iter_vars]
     total = 1
-    for extent in extents:
-        total *= extent or 1
+    for iv in sch.get(block).iter_vars:
+        total *= nominal(iv.dom.extent)
     return total
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -397,3 +399,22 @@ def test_a_long_ragged_row_with_a_per_row_operand_is_not_fused_across_rows(frame
     text = func.script()
     assert ("T.vectorized" in text) == fused, text
     assert "T.parallel(T.int64(256))" in text or fused, text
+
+
+def test_elementwise_over_a_symbolic_batch_is_vectorised():
+    """``gelu(x) * y`` under a dynamic batch: vectorised and parallel, not a scalar loop."""
+    n = tvm.tirx.Var("n", "int64")
+    inputs = {"x": ((n, 7, 48), "float32"), "y": ((n, 7, 48), "float32")}
+
+    def body(bb, x, y):
+        return relax.op.multiply(relax.op.nn.gelu(x), y)
+
+    (kernel,) = _prim_funcs(_schedule(_module(inputs, body))).values()
+    script = kernel.script()
+    assert "T.vectorized" in script and "T.parallel" in script
+    rng = np.random.default_rng(5)
+    for batch in (1, 4):
+        x, y = _randn(rng, (batch, 7, 48)), _randn(rng, (batch, 7, 48))
+        out, _ = _run(_module(inputs, body), x, y)
+        gelu = 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))
+        np.testing.assert_allclose(out, gelu * y, rtol=1e-5, atol=1e-5)
