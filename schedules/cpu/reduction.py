@@ -22,6 +22,7 @@ from .common import (
     nominal,
     num_cores,
     param_buffers,
+    schedule_injective,
     static_extent,
     use_parallel,
     vector_lanes,
@@ -101,6 +102,15 @@ def _schedule(sch: s_tir.Schedule, target: Target) -> bool:
             return False
     last = infos[-1].block_rv
     lanes = vector_lanes(target, "float32")
+    counts = {_row_count(sch, b.block_rv, rows) for b in infos} - {None}
+    if len(counts) > 1:
+        # the blocks disagree on their rows: normalize_prim_func drops unit axes, so with a
+        # single row (a group norm of one group, [1, 1, N]) the last block's N elements looked
+        # like rows, and every element recomputed the sums (PoolFormer: 4 s a norm)
+        reductions = [b for b in infos if not b.is_injective()]
+        if any(_row_count(sch, b.block_rv, rows) != 1 for b in reductions):
+            return False
+        return _schedule_one_row(sch, infos, rows, lanes, target)
     lengths = [_row_length(sch, b.block_rv, rows) for b in infos if not b.is_injective()]
     if None in lengths or _row_length(sch, last, rows) is None:
         return False  # a symbolic row length
@@ -141,6 +151,32 @@ def _schedule(sch: s_tir.Schedule, target: Target) -> bool:
         elif partials[id(info)] is not None:
             sch.compute_at(partials[id(info)], row, preserve_unit_loops=True)
             _vector_partial(sch, partials[id(info)])
+    return True
+
+
+def _schedule_one_row(
+    sch: s_tir.Schedule, infos: list[SBlockInfo], rows: int, lanes: int, target: Target
+) -> bool:
+    """One row: each block runs over all its elements at the root, the reductions each into
+    one register of partial results, the injective blocks vectorised (in parallel when large
+    enough). The reductions must be whole vectors, as in :func:`_schedule`."""
+    for info in infos:
+        block = info.block_rv
+        if info.is_injective():
+            work = _iterations(sch, block)
+            schedule_injective(sch, block, lanes, use_parallel(target, work))
+            continue
+        length = _row_length(sch, block, rows)
+        if length is None or length % lanes:
+            return False
+        partial = _rfactor(sch, block, rows, lanes)
+        if partial is not None:  # loops (row, lane, chunk): the chunk loop goes outside
+            lane, chunk = sch.get_loops(partial)[1], sch.get_loops(partial)[-1]
+            sch.reorder(chunk, lane)
+            sch.decompose_reduction(partial, chunk)
+            # TVM cannot vectorise the lanes under the reduction loop at the root; unrolled,
+            # LLVM's SLP vectoriser keeps the partial results in one register
+            sch.unroll(sch.get_loops(partial)[-1])
     return True
 
 

@@ -159,3 +159,28 @@ def test_symbolic_rows(name):
     for rows in (1, 3):
         x = np.random.default_rng(rows).uniform(-4, 4, (rows, 40, 96)).astype("float32")
         assert_close(exe(x), ref(x.astype("float64")), rtol=1e-5, atol=1e-6, what=name)
+
+
+def _instance_norm(x):
+    gamma, beta = relax.const(np.full(1, 1.5, "float32")), relax.const(np.full(1, 0.5, "float32"))
+    return relax.op.nn.instance_norm(x, gamma, beta, channel_axis=1, axes=[2])
+
+
+def test_single_row_norm_computes_its_sums_once():
+    """A group norm of one group (PoolFormer) is an instance norm of one row, [1, 1, N]: the
+    rule took the output's N elements for rows (normalize_prim_func drops unit axes) and
+    recomputed the sums for each, 4 s a norm at N = 200704. Now each block is its own loop
+    nest at the root, and the result matches numpy."""
+    target = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
+    mod = _module(_instance_norm, (1, 1, 4096))
+    (func,) = _kernels(mod, target)
+    with target:
+        sch = CPURowReduction().apply(func, target, False)
+    assert sch is not None
+    root = sch.mod["main"].body.block.body
+    assert isinstance(root, tvm.tirx.SeqStmt) and len(root) >= 3  # sums, combine, output
+    x = np.random.default_rng(4).uniform(-3, 3, (1, 1, 4096)).astype("float32")
+    exe = tvmamp.build(mod, "O0", "llvm")
+    xd = x.astype("float64")
+    want = (xd - xd.mean()) / np.sqrt(xd.var() + 1e-5) * 1.5 + 0.5
+    assert_close(exe(x), want, rtol=1e-5, atol=1e-5, what="instance norm of one row")
