@@ -51,6 +51,7 @@ from tvm import relax
 from tvm.ir.expr import Constant
 from tvm.relax import PyExprMutator
 
+from tvmamp.op_lists import ORDER_STATISTICS
 from tvmamp.policy import Category, Policy
 from tvmamp.tensors import FLOAT_DTYPES, np_dtype, static_shape, tensor_dtype
 
@@ -196,6 +197,7 @@ class _Rewriter(PyExprMutator):
         self._low_params = False
         self._fp32_only = set()  # vars whose every use computes in fp32 (O2 analysis)
         self._fp32_or_result = set()  # the same, counting the function's (fp32) results too
+        self._decisions = set()  # vars read only on the way to an order statistic (a router)
         self._func_name = "main"
         self._seen_names = {}  # name -> count, to make node ids unique as the printer does
         self._unique_name = ""
@@ -208,6 +210,7 @@ class _Rewriter(PyExprMutator):
         self._fp32_only = _feeds_fp32_only(func, self.policy)
         # with keep_io_types the results are cast back to fp32: a use like an fp32 op's
         self._fp32_or_result = set() if low_io else _feeds_fp32_only(func, self.policy, True)
+        self._decisions = _feeds_decisions_only(func, self.policy)
         self._seen_names = {}
         for param in func.params:  # the TVMScript printer numbers names after the parameters
             self._make_unique(param.name)
@@ -399,6 +402,8 @@ class _Rewriter(PyExprMutator):
             dtype, reason = "float32", "comparison"
         elif self._undone_at_once(var, op_name, inputs, dtype):
             dtype, reason = "float32", "feeds_fp32"
+        elif dtype != "float32" and var in self._decisions and _few_columns(var):
+            dtype, reason = "float32", "decision"
         dtype, reason = self._override(var, node_id, op_name, inputs, dtype, reason)
         category = self.policy.category(op_name).value
         self.report.nodes.append(NodeDecision(node_id, op_name, dtype, category, reason))
@@ -822,6 +827,63 @@ def _feeds_fp32_only(func: relax.Function, policy: Policy, results: bool = False
     for binding in reversed(bindings):
         kinds = [fp32_use(u, found) for u in uses.get(binding.var, [])]
         if True in kinds and False not in kinds:
+            found.add(binding.var)
+    return found
+
+
+# Most columns of a choosing GEMM run in fp32 (:func:`_feeds_decisions_only`): a router's
+# experts (8 to 256), not a language model head's vocabulary, whose argmax stays low.
+DECISION_MAX_COLUMNS = 1024
+
+
+def _few_columns(var) -> bool:
+    """Whether ``var`` is a tensor of at most :data:`DECISION_MAX_COLUMNS` static columns."""
+    ty = var.ty
+    if not isinstance(ty, relax.TensorType) or ty.shape is None or ty.ndim < 1:
+        return False
+    columns = list(ty.shape)[-1]
+    return isinstance(columns, tvm.tirx.IntImm) and int(columns) <= DECISION_MAX_COLUMNS
+
+
+def _feeds_decisions_only(func: relax.Function, policy: Policy) -> set:
+    """White-op results of ``func`` that only choose: every use leads, through float ops that
+    are not white (softmax, a bias, a cast), to an order statistic (topk, argmax, sort).
+
+    A mixture-of-experts router is such a GEMM: its logits pick each token's experts with a
+    topk. Rounded to the low dtype, near-equal logits swap places and a token goes to another
+    expert (a tiny Mixtral at O1: one token of 128 rerouted, its output 36x torch autocast's
+    error). Such a GEMM is small (hidden x experts), so O1 and O2 run it in fp32, where it has
+    at most :data:`DECISION_MAX_COLUMNS` columns, and the choices follow the fp32 scores. A
+    result that is also used otherwise (returned logits beside their argmax) is not in the
+    set. Empty at O0 and O3.
+    """
+    if policy.level not in ("O1", "O2") or not isinstance(func.body, relax.SeqExpr):
+        return set()
+    bindings = [b for block in func.body.blocks for b in block.bindings]
+    uses = {}  # var -> the calls (or None: another use) that read it, with their results
+    for binding in bindings:
+        value = binding.value
+        calls = isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)
+        for free in relax.analysis.free_vars(value):
+            direct = calls and any(arg.same_as(free) for arg in value.args)
+            uses.setdefault(free, []).append((value.op.name if direct else None, binding.var))
+    for free in relax.analysis.free_vars(func.body.body):
+        uses.setdefault(free, []).append((None, None))
+
+    def decides(use, found) -> bool:
+        name, consumer = use
+        if name is None:
+            return False
+        if name in ORDER_STATISTICS:
+            return True
+        if name in _CAST_OPS or policy.category(name) is not Category.WHITE:
+            return consumer in found
+        return False
+
+    found = set()
+    for binding in reversed(bindings):
+        reads = uses.get(binding.var, [])
+        if reads and all(decides(u, found) for u in reads):
             found.add(binding.var)
     return found
 

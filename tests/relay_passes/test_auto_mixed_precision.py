@@ -757,3 +757,39 @@ def test_o0_keeps_a_low_model_but_runs_what_tvm_cannot_run_low_in_fp32(rng):
     np.testing.assert_allclose(np.asarray(sorted_, "float64"), np.sort(want, -1), rtol=1e-2)
     fp32, _ = run(MLP, "O0")
     tvm.ir.assert_structural_equal(fp32, MLP)
+
+
+def _router(columns, returned=False):
+    """``topk(softmax(x @ w + b))``, a MoE router (``returned``: the logits are a result too)."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((16, 64), "float32"))
+    w = relax.Var("w", relax.TensorType((64, columns), "float32"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            logits = bb.emit(relax.op.add(relax.op.matmul(x, w), relax.const(0.1, "float32")))
+            scores = bb.emit(relax.op.nn.softmax(logits, axis=-1))
+            top = bb.emit(relax.op.topk(scores, 2, axis=-1, ret_type="both", dtype="int64"))
+            out = [top, logits] if returned else [top]
+            result = bb.emit_output(relax.Tuple(out))
+        bb.emit_func_output(result)
+    return bb.get()
+
+
+@pytest.mark.parametrize("level", ["O1", "O2"])
+def test_a_router_that_only_chooses_runs_fp32(level):
+    """A MoE router's GEMM feeds only a topk: rounded low, near-equal logits swapped experts
+    (tiny Mixtral: 36x autocast's error); it runs fp32, and so does its bias add."""
+    _, report = run(_router(8), level, "bfloat16")
+    decided = {n.op: (n.dtype, n.reason) for n in report.nodes}
+    assert decided["relax.matmul"] == ("float32", "decision")
+    assert decided["relax.add"][0] == "float32"
+
+
+@pytest.mark.parametrize(
+    "columns, returned, level",
+    [(8, True, "O1"), (4096, False, "O1"), (8, False, "O3")],
+    ids=["logits returned", "a vocabulary", "O3"],
+)
+def test_other_gemms_before_a_topk_stay_low(columns, returned, level):
+    _, report = run(_router(columns, returned), level, "bfloat16")
+    assert {n.op: n.dtype for n in report.nodes}["relax.matmul"] == "bfloat16"
