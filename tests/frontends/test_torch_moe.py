@@ -71,7 +71,8 @@ class GroupedLinear(nn.Module):
         ids, order = torch.sort(ids)
         counts = torch.histc(ids.float(), bins=self.experts, min=0, max=self.experts - 1)
         offsets = torch.cumsum(counts, 0, dtype=torch.int32)
-        return self.grouped_mm(x[order], self.weight, offsets)
+        out = self.grouped_mm(x[order], self.weight, offsets)
+        return out[torch.argsort(order)]  # rows back in order: ties may sort either way
 
 
 def _fallback(x, w, offs):
@@ -106,6 +107,21 @@ def test_grouped_matmul_with_run_time_group_sizes(grouped_mm):
             with torch.no_grad():
                 want = model(torch.from_numpy(x), torch.from_numpy(ids)).numpy()
             _close(np.asarray(exe(x, ids)), want, "O2" if grouped_mm is _aten else level)
+
+
+def test_group_sizes_past_the_bf16_integers():
+    """601 rows for one expert: a count bf16 cannot hold (its integers stop at 256), so the
+    counts and offsets must stay exact at O2."""
+    model = GroupedLinear(4, 24, 32, _fallback).eval()
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((1203, 24)).astype("float32")
+    ids = rng.integers(0, 4, 1203)
+    ids[:601] = 1
+    mod, params = tvmamp.from_torch(model, (torch.from_numpy(x), torch.from_numpy(ids)))
+    with torch.no_grad():
+        want = model(torch.from_numpy(x), torch.from_numpy(ids)).numpy()
+    got = tvmamp.build(mod, "O2", TARGET, params=params)(x, ids)
+    _close(np.asarray(got), want, "O2")
 
 
 def test_other_grouped_matmul_forms_are_refused():
