@@ -10,9 +10,11 @@ reduced key sequence (SegFormer), CLIP's quick GELU, a conv feature extractor wi
 norm and a positional conv (wav2vec 2.0), and long sequences (Whisper's encoder: 1500
 frames).
 
-Not here: Mixtral. transformers (5.x) runs its experts with ``aten.histc`` and its own
-``grouped_mm_fallback`` op, which TVM's importer does not support (``tvmamp.from_torch``
-raises ``UnsupportedOperatorError`` naming both).
+Mixture-of-experts models (Mixtral, Qwen2-MoE with its shared expert, DeepSeek-V3 with its
+latent attention and unsorted top-k) have 8 experts, 2 a token: transformers (5.x) runs the
+experts with ``aten.histc`` and its ``grouped_mm_fallback`` op, which
+``tvmamp/frontends/torch_moe.py`` imports as one matmul per expert over a run-time number of
+rows.
 
 ``python bench/bench_zoo.py --models transformers`` runs them all.
 """
@@ -200,6 +202,47 @@ TRANSFORMERS = {
         ),
         ZooModel(
             "whisper_encoder", _whisper_encoder(57), _features((1, 80, 3000), 0.5), 1, "encoder"
+        ),
+        _encoder(
+            "mixtral",
+            "MixtralConfig",
+            "MixtralModel",
+            61,
+            _TOKENS,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            **_DECODER,
+        ),
+        _encoder(
+            "qwen2_moe",
+            "Qwen2MoeConfig",
+            "Qwen2MoeModel",
+            62,
+            _TOKENS,
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=384,
+            shared_expert_intermediate_size=768,
+            **_DECODER,
+        ),
+        _encoder(
+            "deepseek_v3",
+            "DeepseekV3Config",
+            "DeepseekV3Model",
+            63,
+            _TOKENS,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=384,
+            first_k_dense_replace=0,
+            n_group=1,
+            topk_group=1,
+            q_lora_rank=None,
+            kv_lora_rank=64,
+            qk_rope_head_dim=32,
+            qk_nope_head_dim=32,
+            v_head_dim=64,
+            **{**_DECODER, "num_key_value_heads": 6},
         ),
     )
 }
