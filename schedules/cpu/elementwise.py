@@ -35,7 +35,8 @@ _MIN_SHORT_LANES = 4
 
 class CPUElementwise(CPURule):
     """Inline what can be inlined, then give each remaining block one parallel outer loop and
-    a vectorised inner loop of one SIMD register. Static shapes only; functions with a
+    a vectorised inner loop of one SIMD register. With a symbolic extent (a dynamic batch),
+    only the innermost loop is vectorised (:func:`_schedule_symbolic`); functions with a
     reduction are left to the other rules. The im2col gathers of ``Conv2dToGemm`` get their
     own schedule (:func:`.bf16_conv.schedule_im2col`).
     """

@@ -107,7 +107,9 @@ class CPUMatmul(CPURule):
     def _apply_gemv(self, func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
         """The GEMV schedule of ``func``, or None (then the register tiles below apply)."""
         gemv = self.get_gemv_config(target)
-        if gemv is None or not all_static(s_tir.Schedule(func)):
+        if gemv is None or not isinstance(func, tirx.PrimFunc):
+            return None
+        if not all_static(s_tir.Schedule(func)):  # GEMV plans need static shapes
             return None
         try:
             return self.schedule_block(

@@ -41,7 +41,8 @@ GROUP_ELEMENTS = 2048
 class CPURowReduction(CPURule):
     """Softmax-, norm- and mean-like functions: reductions over the trailing axes of each row.
 
-    Fits a static-shape function whose blocks all share their leading spatial axes (the rows),
+    Fits a function whose blocks all share their leading spatial axes (the rows; their number
+    may be symbolic, as under a dynamic batch; the row length must be static),
     with at least one reduction, each over a multiple of the SIMD width, and an injective last
     block. Casts and other injective blocks
     before the first reduction, and per-row scalars (a mean), are inlined; epilogues are
