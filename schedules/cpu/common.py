@@ -272,6 +272,10 @@ class NotApplicable(Exception):
     """Raised inside a rule when the function turns out not to fit it; the rule returns None."""
 
 
+# Rounds of inlining an epilogue's side inputs, one producer level each.
+_MAX_INLINE_ROUNDS = 32
+
+
 def inline_epilogue(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> None:
     """Inline every consumer chain of ``block`` into it.
 
@@ -281,18 +285,24 @@ def inline_epilogue(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> None
         When a consumer cannot be inlined (it is not injective).
     """
     auto_inline_consumers(sch, block)
-    for _ in range(4):  # inline the consumers' other producers (e.g. ReLU's backward mask)
+    # inline the consumers' other producers (ReLU's backward mask; Swin V2's 16 * sigmoid of
+    # its position bias, a chain of 8 blocks), one level a round, until nothing moves
+    for _ in range(_MAX_INLINE_ROUNDS):
         consumers = sch.get_consumers(block)
         if not consumers:
             break
+        moved = False
         for consumer in consumers:
             for producer in sch.get_producers(consumer):
                 if not sch.get(producer).same_as(sch.get(block)):
                     try:
                         sch.compute_inline(producer)
+                        moved = True
                     except ScheduleError:
                         pass
         auto_inline_consumers(sch, block)
+        if not moved:
+            break
     if sch.get_consumers(block):
         raise NotApplicable("an epilogue block cannot be inlined")
 

@@ -365,3 +365,26 @@ def test_symbolic_rows_in_whole_tiles_take_vdpbf16ps():
     assert sch is not None
     assert "tvmamp_dpbf16ps_16x2" in sch.mod.script()
     assert CPUMatmulBF16().apply(_symbolic_rows_gemm(m), target, False) is None
+
+
+def test_epilogue_with_a_long_side_chain_is_inlined():
+    """Swin V2's attention adds ``16 * sigmoid(bias)`` to its scores, a run-time table: the
+    chain of blocks that computes it (8 once fast-math expands the sigmoid) is fused into the
+    GEMM's kernel. Inlining stopped after 4 levels and left the kernel unscheduled, a scalar
+    loop (4.3 ms instead of 0.15). Here a 12-block chain: the kernel takes vdpbf16ps."""
+    rng = np.random.default_rng(9)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((20, 48), "bfloat16"))
+    table = relax.Var("table", relax.TensorType((20, 40), "float32"))
+    weight = relax.const(_bf16(rng, (48, 40)), "bfloat16")
+    with bb.function("main", [x, table]):
+        with bb.dataflow():
+            chain = table
+            for _ in range(6):  # side computations on the run-time table, 2 blocks each
+                chain = relax.op.sigmoid(relax.op.multiply(chain, relax.const(1.5, "float32")))
+            scores = relax.op.matmul(x, weight, out_dtype="float32")
+            out = bb.emit_output(relax.op.add(scores, chain))
+        bb.emit_func_output(out)
+    scheduled, _ = _compile(bb.get(), VDPBF16PS)
+    kernels = [f.script() for _, f in scheduled.functions_items() if isinstance(f, tirx.PrimFunc)]
+    assert any("tvmamp_dpbf16ps_16x2" in k and "sigmoid" in k for k in kernels)
