@@ -28,6 +28,17 @@ PARALLEL_MIN_WORK = 1 << 16
 logger = logging.getLogger("tvmamp.schedules")
 
 
+def rule_schedule(func: tirx.PrimFunc) -> s_tir.Schedule:
+    """A Schedule of ``func`` whose errors do not print the function.
+
+    The rules try primitives and take a ``ScheduleError`` as "does not fit" (an inline that
+    is refused, a rule that declines). By default TVM renders the whole function into each
+    error's message: Mamba's unrolled scan makes elementwise kernels of hundreds of blocks,
+    and the failed inlines of 22 of them took 125 of its 147 s build.
+    """
+    return s_tir.Schedule(func, error_render_level="none")
+
+
 class CPURule(ScheduleRule):
     """Base class of the tvmamp CPU rules: applicable to ``llvm`` targets only."""
 
@@ -44,7 +55,7 @@ class CPURule(ScheduleRule):
         the rule takes (:meth:`takes_shapes`)."""
         if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
             return None
-        sch = s_tir.Schedule(func)
+        sch = rule_schedule(func)
         return sch if self.takes_shapes(sch) else None
 
     def takes_shapes(self, sch: s_tir.Schedule) -> bool:

@@ -19,6 +19,7 @@ from .common import (
     fuse_transposed_inner,
     largest_divisor,
     nominal,
+    rule_schedule,
     schedule_injective,
     static_extent,
     try_inline_all,
@@ -46,7 +47,7 @@ class CPUElementwise(CPURule):
     ) -> s_tir.Schedule | None:
         if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
             return None
-        sch = s_tir.Schedule(func)
+        sch = rule_schedule(func)
         blocks = sch.get_child_blocks(get_root_block(sch))
         if not blocks or not all(_is_spatial(sch, b) for b in blocks):
             return None

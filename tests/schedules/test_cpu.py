@@ -418,3 +418,22 @@ def test_elementwise_over_a_symbolic_batch_is_vectorised():
         out, _ = _run(_module(inputs, body), x, y)
         gelu = 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))
         np.testing.assert_allclose(out, gelu * y, rtol=1e-5, atol=1e-5)
+
+
+def test_rule_schedules_do_not_print_the_function_into_errors():
+    """The rules take a refused primitive as "does not fit". TVM rendered the whole function
+    into each ScheduleError: for Mamba's unrolled scan (elementwise kernels of hundreds of
+    blocks) the refused inlines took 125 of its 147 s build."""
+    from tvm.s_tir.dlight.analysis import get_root_block
+    from tvm.s_tir.schedule import ScheduleError
+
+    from tvmamp.schedules.cpu.common import rule_schedule
+
+    inputs = {"x": ((8, 16), "float32")}
+    mod = _schedule(_module(inputs, lambda bb, x: relax.op.nn.relu(x)))
+    (func,) = _prim_funcs(mod).values()
+    sch = rule_schedule(func.with_attr("global_symbol", "main"))
+    (block,) = sch.get_child_blocks(get_root_block(sch))
+    with pytest.raises(ScheduleError) as raised:
+        sch.compute_inline(block)  # the function's output: refused
+    assert "T.prim_func" not in str(raised.value) and "IR with diagnostic" not in str(raised.value)
