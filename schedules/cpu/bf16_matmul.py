@@ -224,12 +224,15 @@ def make_plan(extents: list[int], config: CPUMatmulBF16.Config) -> Plan:
     rows, not 56 padded rows (10 % faster), and with no padding ``A`` is read in place.
     """
     rows = extents[1]
-    if not isinstance(rows, int):
-        return _symbolic_rows_plan(extents, config)
-    gemv = rows <= config.gemv_rows
+    symbolic = not isinstance(rows, int)
+    gemv = not symbolic and rows <= config.gemv_rows
     vectors = config.gemv_vectors_j if gemv else config.vectors_j
     while vectors > 1 and intrin.LANES * (vectors // 2) >= extents[2]:
         vectors //= 2
+    if symbolic:
+        return Plan(
+            extents=extents, tile_i=_symbolic_tile(rows, config), tile_j=intrin.LANES * vectors
+        )
     tile_i = rows if gemv else min(config.tile_i, rows)
     shorter = tile_i - 1
     if shorter * vectors >= MIN_SHORTER_ACCUMULATORS and _padded(rows, shorter) < _padded(
@@ -239,17 +242,14 @@ def make_plan(extents: list[int], config: CPUMatmulBF16.Config) -> Plan:
     return Plan(extents=extents, tile_i=tile_i, tile_j=intrin.LANES * vectors)
 
 
-def _symbolic_rows_plan(extents: list, config: CPUMatmulBF16.Config) -> Plan:
-    """The plan for symbolic rows: the configured tile, or the largest shorter one that
-    provably divides the rows (``A`` is read in place; a padded copy would be promoted to fp32
+def _symbolic_tile(rows, config: CPUMatmulBF16.Config) -> int:
+    """The row tile for symbolic ``rows``: the configured one, or the largest shorter even one
+    that provably divides them (``A`` is read in place; a padded copy would be promoted to fp32
     inside the kernel). Raises NotApplicable when none does."""
-    vectors = config.vectors_j
-    while vectors > 1 and intrin.LANES * (vectors // 2) >= extents[2]:
-        vectors //= 2
     for tile_i in range(config.tile_i, 0, -1):
-        if divisible(extents[1], tile_i) and (tile_i == config.tile_i or tile_i % 2 == 0):
-            return Plan(extents=extents, tile_i=tile_i, tile_j=intrin.LANES * vectors)
-    raise NotApplicable(f"the symbolic rows {extents[1]} are not provably whole row tiles")
+        if divisible(rows, tile_i) and (tile_i == config.tile_i or tile_i % 2 == 0):
+            return tile_i
+    raise NotApplicable(f"the symbolic rows {rows} are not provably whole row tiles")
 
 
 def _padded(rows: int, tile: int) -> int:

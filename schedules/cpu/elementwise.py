@@ -37,7 +37,7 @@ _MIN_SHORT_LANES = 4
 class CPUElementwise(CPURule):
     """Inline what can be inlined, then give each remaining block one parallel outer loop and
     a vectorised inner loop of one SIMD register. With a symbolic extent (a dynamic batch),
-    only the innermost loop is vectorised (:func:`_schedule_symbolic`); functions with a
+    only the innermost loop is vectorised (:func:`.common.schedule_injective`); functions with a
     reduction are left to the other rules. The im2col gathers of ``Conv2dToGemm`` get their
     own schedule (:func:`.bf16_conv.schedule_im2col`).
     """
@@ -51,9 +51,8 @@ class CPUElementwise(CPURule):
         blocks = sch.get_child_blocks(get_root_block(sch))
         if not blocks or not all(_is_spatial(sch, b) for b in blocks):
             return None
-        if not all_static(sch):
-            return _schedule_symbolic(sch, blocks, target)
-        channels = im2col_channels(func)
+        static = all_static(sch)
+        channels = im2col_channels(func) if static else None
         if channels is not None and len(blocks) == 1:
             schedule_im2col(sch, blocks[0], channels, target)
             return sch
@@ -66,6 +65,9 @@ class CPUElementwise(CPURule):
                 # TVM 0.27's bf16 legalization rejects a vector store of a bf16 constant
                 # (``zeros``/``full``): fill those one element at a time.
                 lanes = 1 if dtype == "bfloat16" and not stmt.reads else vector_lanes(target, dtype)
+                if not static:  # a dynamic batch: schedule_injective vectorises the innermost loop
+                    schedule_injective(sch, block, lanes, parallel)
+                    continue
                 if schedule_concat(sch, block, lanes, parallel):
                     continue
                 if not fuse_transposed_inner(sch, block):
@@ -78,22 +80,6 @@ class CPUElementwise(CPURule):
         except ScheduleError:
             return None
         return sch
-
-
-def _schedule_symbolic(sch: s_tir.Schedule, blocks: list, target: Target) -> s_tir.Schedule | None:
-    """Symbolic extents (a dynamic batch): inline what can be inlined, then vectorise each
-    remaining block's innermost loop where its extent allows and run the loops outside it in
-    parallel (:func:`.common.schedule_injective`). None where a primitive refuses."""
-    remaining = try_inline_all(sch, blocks[:-1]) + blocks[-1:]
-    try:
-        for block in remaining:
-            stmt = sch.get(block)
-            dtype = str(stmt.writes[0].source.dtype)
-            lanes = 1 if dtype == "bfloat16" and not stmt.reads else vector_lanes(target, dtype)
-            schedule_injective(sch, block, lanes, use_parallel(target, _num_elements(sch, block)))
-    except ScheduleError:
-        return None
-    return sch
 
 
 def _is_spatial(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:

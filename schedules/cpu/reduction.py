@@ -12,6 +12,8 @@ loop whole).
 
 from __future__ import annotations
 
+import math
+
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import SBlockInfo, normalize_prim_func
 from tvm.s_tir.schedule import ScheduleError
@@ -195,13 +197,13 @@ def _row_group(count: int, length: int, lanes: int) -> int:
 def _row_count(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, rows: int) -> int | None:
     """The number of rows of ``block``: the product of its ``rows`` leading extents; None
     when one is symbolic (a dynamic batch)."""
-    count = 1
-    for iv in sch.get(block).iter_vars[:rows]:
-        extent = static_extent(iv.dom.extent)
-        if extent is None:
-            return None
-        count *= extent
-    return count
+    return _static_product(sch.get(block).iter_vars[:rows])
+
+
+def _static_product(iter_vars) -> int | None:
+    """The product of the extents of ``iter_vars``; None when one is symbolic."""
+    extents = [static_extent(iv.dom.extent) for iv in iter_vars]
+    return None if None in extents else math.prod(extents)
 
 
 def _long_row_chunks(
@@ -280,13 +282,7 @@ def _schedule_long_rows(
 
 def _row_length(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, rows: int) -> int | None:
     """The number of elements one row of the reduction ``block`` reduces (None: symbolic)."""
-    length = 1
-    for iv in sch.get(block).iter_vars[rows:]:
-        extent = static_extent(iv.dom.extent)
-        if extent is None:
-            return None
-        length *= extent
-    return length
+    return _static_product(sch.get(block).iter_vars[rows:])
 
 
 def _iterations(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> int:
