@@ -775,26 +775,7 @@ def _feeds_fp32_only(func: relax.Function, policy: Policy, results: bool = False
     if policy.level != "O2" or not policy.fp32_feeds or not isinstance(func.body, relax.SeqExpr):
         return set()
     bindings = [b for block in func.body.blocks for b in block.bindings]
-    uses = {}  # var -> list of (consuming value or None, consuming binding var)
-    for binding in bindings:
-        value = binding.value
-        if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
-            for arg in value.args:
-                if isinstance(arg, relax.Var):
-                    uses.setdefault(arg, []).append((value, binding.var))
-                else:
-                    for free in relax.analysis.free_vars(arg):
-                        uses.setdefault(free, []).append((None, binding.var))
-        elif isinstance(value, relax.Var):
-            uses.setdefault(value, []).append((value, binding.var))  # an alias
-        elif isinstance(value, relax.Tuple) and all(isinstance(f, relax.Var) for f in value.fields):
-            for field in value.fields:  # a tuple of results: its own uses decide (``results``)
-                uses.setdefault(field, []).append((_TUPLE_FIELD, binding.var))
-        else:
-            for free in relax.analysis.free_vars(value):
-                uses.setdefault(free, []).append((None, binding.var))
-    for free in relax.analysis.free_vars(func.body.body):
-        uses.setdefault(free, []).append((None, None))
+    uses = _uses(func, bindings)
     low = policy.low_dtype
 
     # with ``results``, a follow consumer counts only when it is fp32 without them: the rule
@@ -831,6 +812,34 @@ def _feeds_fp32_only(func: relax.Function, policy: Policy, results: bool = False
     return found
 
 
+def _uses(func: relax.Function, bindings: list) -> dict:
+    """Var -> list of ``(how, consumer)`` for each read of it in ``func``: ``how`` is the
+    consuming op call when the var is one of its arguments, the var itself for an alias
+    binding, :data:`_TUPLE_FIELD` for a field of a tuple of vars, else None (the function's
+    result, or any other use); ``consumer`` is the binding var (None for the result)."""
+    uses = {}
+    for binding in bindings:
+        value = binding.value
+        if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
+            for arg in value.args:
+                if isinstance(arg, relax.Var):
+                    uses.setdefault(arg, []).append((value, binding.var))
+                else:
+                    for free in relax.analysis.free_vars(arg):
+                        uses.setdefault(free, []).append((None, binding.var))
+        elif isinstance(value, relax.Var):
+            uses.setdefault(value, []).append((value, binding.var))  # an alias
+        elif isinstance(value, relax.Tuple) and all(isinstance(f, relax.Var) for f in value.fields):
+            for field in value.fields:  # a tuple of results: its own uses decide (``results``)
+                uses.setdefault(field, []).append((_TUPLE_FIELD, binding.var))
+        else:
+            for free in relax.analysis.free_vars(value):
+                uses.setdefault(free, []).append((None, binding.var))
+    for free in relax.analysis.free_vars(func.body.body):
+        uses.setdefault(free, []).append((None, None))
+    return uses
+
+
 # Most columns of a choosing GEMM run in fp32 (:func:`_feeds_decisions_only`): a router's
 # experts (8 to 256), not a language model head's vocabulary, whose argmax stays low.
 DECISION_MAX_COLUMNS = 1024
@@ -860,20 +869,13 @@ def _feeds_decisions_only(func: relax.Function, policy: Policy) -> set:
     if policy.level not in ("O1", "O2") or not isinstance(func.body, relax.SeqExpr):
         return set()
     bindings = [b for block in func.body.blocks for b in block.bindings]
-    uses = {}  # var -> the calls (or None: another use) that read it, with their results
-    for binding in bindings:
-        value = binding.value
-        calls = isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)
-        for free in relax.analysis.free_vars(value):
-            direct = calls and any(arg.same_as(free) for arg in value.args)
-            uses.setdefault(free, []).append((value.op.name if direct else None, binding.var))
-    for free in relax.analysis.free_vars(func.body.body):
-        uses.setdefault(free, []).append((None, None))
+    uses = _uses(func, bindings)
 
     def decides(use, found) -> bool:
-        name, consumer = use
-        if name is None:
+        how, consumer = use
+        if not isinstance(how, relax.Call):  # not an op's argument: a result, an alias, ...
             return False
+        name = how.op.name
         if name in ORDER_STATISTICS:
             return True
         if name in _CAST_OPS or policy.category(name) is not Category.WHITE:
