@@ -39,6 +39,13 @@ def require(module: str, extra: str, component: str):
         ) from err
 
 
+def node_arg(node, index: int, name: str, default=None):
+    """Argument ``index`` of an FX ``node`` as passed, by position or as keyword ``name``."""
+    if len(node.args) > index:
+        return node.args[index]
+    return node.kwargs.get(name, default)
+
+
 def to_numpy(value) -> np.ndarray:
     """A TVM tensor, torch tensor or array-like as a numpy array."""
     if isinstance(value, tvm.runtime.Tensor):

@@ -8,7 +8,7 @@ import warnings
 from collections.abc import Mapping
 
 from . import torch_moe
-from .common import UnsupportedOperatorError, rename_params, require, split_params
+from .common import UnsupportedOperatorError, node_arg, rename_params, require, split_params
 from .torch_graph import (
     compute_binary_ops_in_their_dtype,
     count_from_the_start_in_selects,
@@ -516,8 +516,8 @@ def _extremum_with_index(reduce, arg):
         from tvm import relax
 
         x = importer.env[node.args[0]]
-        dim = node.args[1] if len(node.args) > 1 else node.kwargs["dim"]
-        keep = bool(node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False))
+        dim = node_arg(node, 1, "dim")
+        keep = bool(node_arg(node, 2, "keepdim", False))
         bb = importer.block_builder
         values = bb.emit(reduce(x, axis=[dim], keepdims=keep))
         indices = bb.emit(relax.op.astype(arg(x, axis=dim, keepdims=keep), "int64"))
@@ -536,9 +536,8 @@ def _topk(node, importer):
     from tvm import relax
 
     x = importer.env[node.args[0]]
-    k = node.args[1] if len(node.args) > 1 else node.kwargs.get("k", 1)
-    dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", -1)
-    largest = node.args[3] if len(node.args) > 3 else node.kwargs.get("largest", True)
+    k, dim = node_arg(node, 1, "k", 1), node_arg(node, 2, "dim", -1)
+    largest = node_arg(node, 3, "largest", True)
     top = relax.op.topk(x, k=k, axis=dim, largest=bool(largest), ret_type="both", dtype="int64")
     return importer.block_builder.emit(top)
 
@@ -550,8 +549,8 @@ def _extremum(reduce):
 
     def convert(node, importer):
         x = importer.env[node.args[0]]
-        dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", ())
-        keep = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
+        dims = node_arg(node, 1, "dim", ())
+        keep = node_arg(node, 2, "keepdim", False)
         axes = [int(d) for d in dims] if dims else None
         return importer.block_builder.emit(reduce(x, axis=axes, keepdims=bool(keep)))
 

@@ -13,13 +13,7 @@ work, with no more FLOPs than the experts need.
 
 from __future__ import annotations
 
-from .common import UnsupportedOperatorError
-
-
-def _arg(node, index, name, default=None):
-    if len(node.args) > index:
-        return node.args[index]
-    return node.kwargs.get(name, default)
+from .common import UnsupportedOperatorError, node_arg
 
 
 def histc(node, importer):
@@ -34,8 +28,8 @@ def histc(node, importer):
 
     bb = importer.block_builder
     x = importer.env[node.args[0]]
-    bins = int(_arg(node, 1, "bins", 100))
-    low, high = float(_arg(node, 2, "min", 0)), float(_arg(node, 3, "max", 0))
+    bins = int(node_arg(node, 1, "bins", 100))
+    low, high = float(node_arg(node, 2, "min", 0)), float(node_arg(node, 3, "max", 0))
     dtype = str(x.ty.dtype)
     if "float" not in dtype:
         raise UnsupportedOperatorError(
@@ -86,7 +80,7 @@ def grouped_mm(node, importer):
 
     bb = importer.block_builder
     x, w = importer.env[node.args[0]], importer.env[node.args[1]]
-    offs = _arg(node, 2, "offs")
+    offs = node_arg(node, 2, "offs")
     name = str(node.target)
     extra = [a for a in node.args[3:] if a is not None] + [
         k for k, v in node.kwargs.items() if k not in ("offs", "out_dtype") and v is not None
