@@ -32,6 +32,7 @@ from tvm import relax
 from tvmamp.conversion import Converted
 from tvmamp.executable import Executable
 from tvmamp.relay_passes.low_reductions import LEGALIZE_MAP
+from tvmamp.relay_passes.size_params import SizeParamsAsShapes
 from tvmamp.relay_passes.symbolic_order import OrderShapeDefinitions
 
 # ``hook(converted) -> tvm.IRModule``: rewrites every converted module before it is lowered while
@@ -80,6 +81,7 @@ def legalize_passes(target=None, entry=None) -> list:
         relax.transform.FuseOps(),
         OrderShapeDefinitions(),  # FuseOps may hoist a call above its sizes' match_cast
         *fusion,
+        SizeParamsAsShapes(),  # FuseTIR defines a scalar size parameter twice
         relax.transform.FuseTIR(),
     ]
 
