@@ -7,7 +7,7 @@ import inspect
 import warnings
 from collections.abc import Mapping
 
-from . import torch_moe
+from . import torch_moe, torch_pool
 from .common import UnsupportedOperatorError, node_arg, rename_params, require, split_params
 from .torch_graph import (
     compute_binary_ops_in_their_dtype,
@@ -871,6 +871,10 @@ def _converters() -> dict:
         "histc.default": torch_moe.histc,
         "grouped_mm_fallback.default": torch_moe.grouped_mm,
         "_grouped_mm.default": torch_moe.grouped_mm,
+        "max_pool2d_with_indices.default": torch_pool.max_pool_with_indices(2),
+        "max_pool3d_with_indices.default": torch_pool.max_pool_with_indices(3),
+        "adaptive_max_pool2d.default": torch_pool.adaptive_max_pool(2),
+        "adaptive_max_pool3d.default": torch_pool.adaptive_max_pool(3),
         "remainder.Scalar_Tensor": _binary("floor_mod"),
         **{
             f"{name}.{overload}": _binary(op)
