@@ -2,6 +2,7 @@
 
 TVM's importer returned zeros for the indices of ``max_pool2d_with_indices`` (silently wrong
 for ``return_indices=True`` and ``max_unpool2d``) and had no adaptive max pool.
+Random ops, which it built as one fixed draw (or none), are refused.
 """
 
 import numpy as np
@@ -108,3 +109,17 @@ def test_max_pool_without_indices_adds_no_kernel(rng):
 )
 def test_adaptive_max_pool(fn, shape, rng):
     _check(fn, _floats(rng, *shape))
+
+
+@pytest.mark.parametrize(
+    "fn, op",
+    [
+        (lambda x: x + torch.randn_like(x) * 0.1, "randn_like"),
+        (lambda x: torch.bernoulli(x), "rand"),  # exported as rand and a comparison
+        (lambda x: x + torch.rand(3), "rand"),
+        (lambda x: x * torch.empty_like(x).exponential_(), "exponential"),
+    ],
+)
+def test_random_ops_are_refused(fn, op):
+    with pytest.raises(tvmamp.frontends.common.UnsupportedOperatorError, match=f"random.*{op}"):
+        tvmamp.from_torch(Lambda(fn), (torch.rand(2, 3),))

@@ -28,6 +28,14 @@ _TRAIN_ONLY_OPS = {
     "native_dropout.default": "dropout",
 }
 
+# ATen ops that draw random numbers. TVM's importer bakes one fixed draw into the build
+# (randn, randn_like), passes the input through (bernoulli) or returns zeros (exponential);
+# the rest it lacks.
+_RANDOM_OPS = frozenset(
+    "bernoulli cauchy exponential geometric log_normal multinomial normal poisson rand "
+    "rand_like randint randint_like randn randn_like randperm uniform".split()
+)
+
 
 def from_torch(
     module,
@@ -909,6 +917,7 @@ def import_exported_program(program, custom_convert_map: Mapping | None = None):
     compute_binary_ops_in_their_dtype(program)
     calls = [n for n in program.graph.nodes if n.op == "call_function"]
     _refuse_train_ops(calls, program)
+    _refuse_random_ops(calls)
     converters = {**CONVERTERS, **(custom_convert_map or {})}
     known = set(ExportedProgramImporter().convert_map) | set(converters)
     missing = sorted({str(n.target) for n in calls if n.target.__name__ not in known})
@@ -986,6 +995,17 @@ def _refuse_train_ops(calls, program):
             f"tvmamp.from_torch: the exported program was traced in train mode ({', '.join(found)}"
             "); TVM would import it silently wrong for inference. Export it again after "
             "module.eval(), or pass the module itself to tvmamp.from_torch"
+        )
+
+
+def _refuse_random_ops(calls):
+    found = sorted({str(n.target) for n in calls if n.target.__name__.split(".")[0] in _RANDOM_OPS})
+    if found:
+        raise UnsupportedOperatorError(
+            f"tvmamp.from_torch: the model draws random numbers ({', '.join(found)}); TVM's "
+            "importer would build one fixed draw, or none, into the executable. Pass the random "
+            "tensor as an input of the model instead",
+            found,
         )
 
 
