@@ -224,3 +224,28 @@ def test_resize_non_integer_scale_result_without_exact_rewrite_is_refused():
         UnsupportedOperatorError, match=r"'up'.*axis 3: in=7, scale=1.5, in\*scale=10.5.*sizes"
     ):
         tvmamp.from_onnx(model, shape_dict={"x": (1, 1, 4, 7)})
+
+
+def test_max_pool_with_an_indices_output_is_refused_clearly():
+    """TVM's MaxPool converter computes the values only and failed with an assertion."""
+    model = _model(
+        [h.make_node("MaxPool", ["x"], ["v", "i"], kernel_shape=[2, 2], strides=[2, 2])],
+        [h.make_tensor_value_info("x", TP.FLOAT, [1, 2, 4, 4])],
+        [
+            h.make_tensor_value_info("v", TP.FLOAT, [1, 2, 2, 2]),
+            h.make_tensor_value_info("i", TP.INT64, [1, 2, 2, 2]),
+        ],
+    )
+    with pytest.raises(UnsupportedOperatorError, match="MaxPool with an Indices output"):
+        tvmamp.from_onnx(model)
+
+
+def test_max_pool_without_indices_still_imports(rng):
+    model = _model(
+        [h.make_node("MaxPool", ["x"], ["v"], kernel_shape=[2, 2], strides=[2, 2])],
+        [h.make_tensor_value_info("x", TP.FLOAT, [1, 2, 4, 4])],
+        [h.make_tensor_value_info("v", TP.FLOAT, [1, 2, 2, 2])],
+    )
+    x = rng.standard_normal((1, 2, 4, 4)).astype(np.float32)
+    out, _ = _run(model, x)
+    np.testing.assert_allclose(out, _ort(model, x=x), rtol=1e-6, atol=1e-6)

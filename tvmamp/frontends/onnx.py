@@ -206,3 +206,16 @@ def _check_ops(model):
             f"{', '.join(missing)}",
             missing,
         )
+    # TVM's MaxPool converter computes the values only, and fails on a graph that names the
+    # Indices output with an internal assertion.
+    indexed = [
+        n.name or n.output[0]
+        for n in model.graph.node
+        if n.op_type == "MaxPool" and len(n.output) > 1 and n.output[1]
+    ]
+    if indexed:
+        raise UnsupportedOperatorError(
+            f"{_COMPONENT}: MaxPool with an Indices output (nodes {', '.join(indexed)}) is not "
+            "supported; TVM's importer computes the pooled values only",
+            ["MaxPool"],
+        )
