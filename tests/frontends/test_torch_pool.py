@@ -11,40 +11,8 @@ import pytest
 import tvmamp
 
 torch = pytest.importorskip("torch")
-nn, F = torch.nn, torch.nn.functional
-
-TARGET = "llvm -num-cores=1"
-
-
-class Lambda(nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *xs):
-        return self.fn(*xs)
-
-
-def _check(fn, x, levels=("O0", "O2")):
-    """Values close to torch's (bf16 at O2), indices (int64) equal."""
-    model = Lambda(fn)
-    tensor = torch.from_numpy(x)
-    with torch.no_grad():
-        want = model(tensor)
-    want = [w.numpy() for w in (want if isinstance(want, tuple) else (want,))]
-    mod, params = tvmamp.from_torch(model, (tensor,))
-    for level in levels:
-        got = tvmamp.build(mod, level, TARGET, params=params)(x)
-        got = list(got) if isinstance(got, (list, tuple)) else [got]
-        assert len(got) == len(want)
-        for g, w in zip(got, want):
-            g = np.asarray(g)
-            assert g.dtype == w.dtype and g.shape == w.shape, level
-            if w.dtype == np.int64:
-                np.testing.assert_array_equal(g, w, err_msg=level)
-            else:
-                tol = 1e-6 if level == "O0" else 2e-2
-                np.testing.assert_allclose(g, w, rtol=tol, atol=tol, err_msg=level)
+F = torch.nn.functional
+from torch_modules import Lambda, check_against_torch  # noqa: E402
 
 
 def _floats(rng, *shape):
@@ -71,12 +39,12 @@ def _floats(rng, *shape):
     ],
 )
 def test_max_pool_indices(fn, shape, rng):
-    _check(fn, _floats(rng, *shape))
+    check_against_torch(fn, _floats(rng, *shape))
 
 
 def test_max_pool_indices_of_ties_are_the_first_in_window_order(rng):
     x = rng.integers(0, 3, (1, 2, 6, 7)).astype("float32")  # many equal maxima
-    _check(lambda x: F.max_pool2d(x, 3, 1, padding=1, return_indices=True), x)
+    check_against_torch(lambda x: F.max_pool2d(x, 3, 1, padding=1, return_indices=True), x)
 
 
 def test_max_pool_indices_of_nan_windows(rng):
@@ -84,12 +52,12 @@ def test_max_pool_indices_of_nan_windows(rng):
     compared: TVM's max pooling does not propagate NaN values as torch does."""
     x = _floats(rng, 1, 1, 4, 4)
     x[0, 0, 0, 1] = x[0, 0, 1, 1] = x[0, 0, 3, 2] = np.nan
-    _check(lambda x: F.max_pool2d(x, 2, return_indices=True)[1], x, levels=("O0",))
+    check_against_torch(lambda x: F.max_pool2d(x, 2, return_indices=True)[1], x, levels=("O0",))
 
 
 def test_max_unpool_after_max_pool(rng):
     fn = lambda x: F.max_unpool2d(*F.max_pool2d(x, 2, return_indices=True), 2)  # noqa: E731
-    _check(fn, _floats(rng, 1, 2, 6, 8))
+    check_against_torch(fn, _floats(rng, 1, 2, 6, 8))
 
 
 def test_max_pool_without_indices_adds_no_kernel(rng):
@@ -108,7 +76,7 @@ def test_max_pool_without_indices_adds_no_kernel(rng):
     ],
 )
 def test_adaptive_max_pool(fn, shape, rng):
-    _check(fn, _floats(rng, *shape))
+    check_against_torch(fn, _floats(rng, *shape))
 
 
 @pytest.mark.parametrize(
