@@ -7,7 +7,7 @@ import inspect
 import warnings
 from collections.abc import Mapping
 
-from . import torch_moe, torch_pool
+from . import torch_moe, torch_ops, torch_pool
 from .common import UnsupportedOperatorError, node_arg, rename_params, require, split_params
 from .torch_graph import (
     compute_binary_ops_in_their_dtype,
@@ -883,6 +883,14 @@ def _converters() -> dict:
         "max_pool3d_with_indices.default": torch_pool.max_pool_with_indices(3),
         "adaptive_max_pool2d.default": torch_pool.adaptive_max_pool(2),
         "adaptive_max_pool3d.default": torch_pool.adaptive_max_pool(3),
+        "scatter.src": torch_ops.scatter(None),
+        "scatter_add.default": torch_ops.scatter("add"),
+        "scatter_reduce.two": torch_ops.scatter_reduce,
+        "prod.dim_int": torch_ops.prod_dim,
+        "hypot.default": torch_ops.hypot,
+        "kthvalue.default": torch_ops.kthvalue,
+        "_embedding_bag.default": torch_ops.embedding_bag,
+        "_embedding_bag_forward_only.default": torch_ops.embedding_bag,
         "remainder.Scalar_Tensor": _binary("floor_mod"),
         **{
             f"{name}.{overload}": _binary(op)

@@ -1,0 +1,91 @@
+"""tvmamp.from_torch: ATen ops TVM's importer lacked (scatter reductions, embedding_bag,
+prod over a dim, kthvalue, hypot) or rejected (scatter with a src larger than its index),
+against eager torch at O0 and O2."""
+
+import numpy as np
+import pytest
+
+import tvmamp
+from tvmamp.frontends import UnsupportedOperatorError
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+from torch_modules import Lambda, check_against_torch  # noqa: E402
+
+
+def _floats(rng, *shape):
+    return rng.standard_normal(shape).astype("float32")
+
+
+def _index(*rows):
+    return torch.tensor(rows)
+
+
+@pytest.mark.parametrize(
+    "fn, shapes",
+    [
+        (lambda x, s: x.scatter(1, _index([0, 2], [1, 3]), s), [(2, 5), (3, 4)]),  # src > index
+        (lambda x, s: x.scatter_add(0, _index([0, 1, 1], [1, 0, 1]), s), [(2, 3), (3, 4)]),
+        (
+            lambda x, s: x.scatter_add(1, _index([0, 2, 2], [1, 1, 5], [4, 0, 0]), s),
+            [(3, 6), (3, 3)],
+        ),
+        (
+            lambda x, s: x.scatter_reduce(1, _index([0, 0, 2], [1, 1, 1]), s, "amax"),
+            [(2, 4), (2, 3)],
+        ),
+        (
+            lambda x, s: x.scatter_reduce(1, _index([0, 0, 2], [3, 1, 1]), s, "amin"),
+            [(2, 4), (2, 3)],
+        ),
+        (lambda x, s: x.scatter_reduce(0, _index([0, 1], [0, 0]), s, "sum"), [(2, 2), (2, 2)]),
+        (lambda x, s: x.scatter_reduce(0, _index([0, 1], [0, 0]), s, "prod"), [(2, 2), (2, 2)]),
+        (lambda a, b: torch.hypot(a, b), [(3, 4), (3, 4)]),
+        (lambda x: torch.kthvalue(x, 3, 1), [(4, 11)]),
+        (lambda x: torch.kthvalue(x, 2, 0, keepdim=True)[0], [(5, 3)]),
+    ],
+)
+def test_ops(fn, shapes, rng):
+    check_against_torch(fn, *[_floats(rng, *s) for s in shapes])
+
+
+def test_prod_over_a_dim(rng):
+    x = (rng.random((4, 6)) + 0.5).astype("float32")
+    check_against_torch(lambda x: torch.prod(x, 1, keepdim=True) + torch.prod(x, 0), x)
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+@pytest.mark.parametrize("padding_idx", [None, 0])
+def test_embedding_bag_with_offsets(mode, padding_idx):
+    """Bags of 2, 0 (empty), 3 and 2 entries; index 0 repeats (and is padding when asked)."""
+    torch.manual_seed(0)
+    bag = nn.EmbeddingBag(11, 6, mode=mode, padding_idx=padding_idx)
+    indices = np.array([1, 0, 10, 3, 0, 7, 2], np.int64)
+    offsets = np.array([0, 2, 2, 5], np.int64)
+    check_against_torch(bag, indices, offsets)
+
+
+def test_embedding_bag_of_fixed_size_bags_with_last_offset_and_weights(rng):
+    torch.manual_seed(0)
+    mean = nn.EmbeddingBag(11, 6, mode="mean", include_last_offset=True)
+    check_against_torch(mean, np.array([1, 4, 3, 3, 7], np.int64), np.array([0, 2, 2, 5]))
+    weighted = nn.EmbeddingBag(11, 6, mode="sum")
+    indices = np.array([[1, 4, 10], [0, 0, 3]], np.int64)
+    weights = rng.random((2, 3)).astype("float32")
+    check_against_torch(lambda i, w: weighted(i, per_sample_weights=w), indices, weights)
+
+
+@pytest.mark.parametrize(
+    "fn, message",
+    [
+        (lambda x, s: x.scatter_reduce(1, _index([0, 0]), s, "mean"), "reduce='mean'"),
+        (
+            lambda x, s: x.scatter_reduce(1, _index([0, 0]), s, "sum", include_self=False),
+            "include_self=False",
+        ),
+    ],
+)
+def test_unsupported_scatter_reductions_are_refused(fn, message):
+    x = (torch.randn(1, 3), torch.randn(1, 2))
+    with pytest.raises(UnsupportedOperatorError, match=message):
+        tvmamp.from_torch(Lambda(fn), x)

@@ -1,0 +1,165 @@
+"""Converters for ATen ops TVM's importer lacks: scatter reductions, ``embedding_bag``,
+``prod`` over a dim, ``kthvalue`` and ``hypot``.
+
+``scatter.src`` is converted here too: TVM's importer passed ``src`` whole where torch reads
+only the part of it that ``index`` covers.
+"""
+
+from __future__ import annotations
+
+import operator
+
+from .common import UnsupportedOperatorError, node_arg
+
+# torch.scatter_reduce's reductions -> relax.op.scatter_elements's
+_SCATTER_REDUCTIONS = {"sum": "add", "prod": "mul", "amax": "max", "amin": "min"}
+
+
+def _refuse(node, why: str):
+    raise UnsupportedOperatorError(f"tvmamp.from_torch: {node.target} {why}", [str(node.target)])
+
+
+def _covered(bb, src, index):
+    """``src`` cut to ``index``'s shape (torch reads ``src[i]`` only where ``index[i]`` is)."""
+    import tvm_ffi
+    from tvm import relax
+
+    if tvm_ffi.structural_equal(src.ty.shape, index.ty.shape):
+        return src
+    want = list(index.ty.shape)
+    axes = list(range(len(want)))
+    return bb.emit(relax.op.strided_slice(src, axes, [0] * len(want), want, assume_inbound=True))
+
+
+def scatter(reduction: str | None):
+    """``scatter.src(x, dim, index, src)`` (``reduction`` None) and ``scatter_add``."""
+
+    def convert(node, importer):
+        from tvm import relax
+
+        bb = importer.block_builder
+        x, index, src = (importer.env[node.args[i]] for i in (0, 2, 3))
+        dim = int(node.args[1])
+        src = _covered(bb, src, index)
+        return bb.emit(relax.op.scatter_elements(x, index, src, dim, reduction or "update"))
+
+    return convert
+
+
+def scatter_reduce(node, importer):
+    """``scatter_reduce.two(x, dim, index, src, reduce, include_self=True)``."""
+    from tvm import relax
+
+    reduce = node_arg(node, 4, "reduce")
+    if reduce not in _SCATTER_REDUCTIONS:
+        _refuse(node, f"with reduce={reduce!r}; supported: {sorted(_SCATTER_REDUCTIONS)}")
+    if not node_arg(node, 5, "include_self", True):
+        _refuse(node, "with include_self=False")
+    bb = importer.block_builder
+    x, index, src = (importer.env[node.args[i]] for i in (0, 2, 3))
+    src = _covered(bb, src, index)
+    reduction = _SCATTER_REDUCTIONS[reduce]
+    return bb.emit(relax.op.scatter_elements(x, index, src, int(node.args[1]), reduction))
+
+
+def prod_dim(node, importer):
+    """``prod.dim_int(x, dim, keepdim=False, dtype=None)``."""
+    from tvm import relax
+
+    x = importer.env[node.args[0]]
+    keep = bool(node_arg(node, 2, "keepdim", False))
+    return importer.block_builder.emit(relax.op.prod(x, int(node.args[1]), keepdims=keep))
+
+
+def hypot(node, importer):
+    """``hypot(a, b)``: ``sqrt(a * a + b * b)``."""
+    from tvm import relax
+
+    a, b = (importer.env[n] for n in node.args[:2])
+    bb = importer.block_builder
+    return bb.emit(relax.op.sqrt(relax.op.add(relax.op.multiply(a, a), relax.op.multiply(b, b))))
+
+
+def kthvalue(node, importer):
+    """``kthvalue(x, k, dim=-1, keepdim=False)``: the k-th smallest and its index."""
+    from tvm import relax
+
+    bb = importer.block_builder
+    x = importer.env[node.args[0]]
+    k, dim = int(node.args[1]), int(node_arg(node, 2, "dim", -1))
+    keep = bool(node_arg(node, 3, "keepdim", False))
+    dim = dim % len(x.ty.shape)
+    smallest = bb.emit(relax.op.topk(x, k, dim, "both", False, "int64"))
+    picked = []
+    for field in range(2):
+        part = relax.TupleGetItem(smallest, field)
+        part = relax.op.strided_slice(part, [dim], [k - 1], [k], assume_inbound=True)
+        picked.append(bb.emit(part if keep else relax.op.squeeze(part, [dim])))
+    return bb.emit(relax.Tuple(picked))
+
+
+_BAG_MODES = {0: "sum", 1: "mean", 2: "max"}
+
+
+def embedding_bag(node, importer):
+    """``_embedding_bag(weight, indices, offsets, scale_grad_by_freq, mode, sparse,
+    per_sample_weights, include_last_offset, padding_idx)``: the bags' sums, means or
+    maxima (its first result; the other three are bookkeeping for the backward pass).
+
+    Bag ``b`` holds ``indices[offsets[b]:offsets[b + 1]]``. Each index's row is taken, scaled
+    by its per-sample weight, and added (or maxed) into its bag's row by a scatter; entries
+    equal to ``padding_idx`` are left out of the bag, and an empty bag is zeros, as in torch.
+    """
+    from tvm import relax
+
+    if any(u.target is not operator.getitem or u.args[1] != 0 for u in node.users):
+        _refuse(node, "with its offset2bag, bag_size or max_indices results read")
+    bb = importer.block_builder
+    weight, indices, offsets = (importer.env[n] for n in node.args[:3])
+    mode = _BAG_MODES.get(int(node_arg(node, 4, "mode", 0)))
+    if mode is None:
+        _refuse(node, f"with mode={node_arg(node, 4, 'mode')}")
+    per_sample = node_arg(node, 6, "per_sample_weights")
+    last_offset = bool(node_arg(node, 7, "include_last_offset", False))
+    padding = node_arg(node, 8, "padding_idx", -1)
+    padding = -1 if padding is None else int(padding)
+    if len(indices.ty.shape) != 1:
+        _refuse(node, "with indices of more than one dim")
+    count, dim = indices.ty.shape[0], weight.ty.shape[1]
+    bags = offsets.ty.shape[0] - 1 if last_offset else offsets.ty.shape[0]
+    dtype = str(weight.ty.dtype)
+
+    # bag of each index: how many bag starts after the first are at or before its position
+    starts = relax.op.strided_slice(offsets, [0], [1], [bags], assume_inbound=True)
+    positions = relax.op.arange(relax.prim_value(0), relax.prim_value(count), 1, "int64")
+    bag_of = bb.emit(relax.op.bucketize(positions, starts, right=True))
+    rows = bb.emit(relax.op.take(weight, indices, axis=0))
+    if per_sample is not None:
+        scale = relax.op.expand_dims(importer.env[per_sample], 1)
+        rows = bb.emit(relax.op.multiply(rows, scale))
+    kept = None
+    if padding >= 0:
+        kept = bb.emit(relax.op.not_equal(indices, relax.const(padding, str(indices.ty.dtype))))
+        fill = relax.const(float("-inf") if mode == "max" else 0.0, dtype)
+        rows = bb.emit(relax.op.where(relax.op.expand_dims(kept, 1), rows, fill))
+    target = relax.op.broadcast_to(relax.op.expand_dims(bag_of, 1), relax.ShapeExpr([count, dim]))
+    start = relax.const(float("-inf") if mode == "max" else 0.0, dtype)
+    start = relax.op.broadcast_to(start, relax.ShapeExpr([bags, dim]))
+    reduction = "max" if mode == "max" else "add"
+    out = bb.emit(relax.op.scatter_elements(start, target, rows, 0, reduction))
+    if mode == "sum":
+        return bb.emit(relax.Tuple([out]))  # the FX graph reads result 0 only
+    ones = relax.op.ones(relax.ShapeExpr([count]), dtype)
+    if kept is not None:
+        ones = relax.op.astype(kept, dtype)
+    sizes = relax.op.scatter_elements(
+        relax.op.zeros(relax.ShapeExpr([bags]), dtype), bag_of, ones, 0, "add"
+    )
+    sizes = bb.emit(relax.op.expand_dims(sizes, 1))
+    if mode == "mean":
+        out = relax.op.divide(out, relax.op.maximum(sizes, relax.const(1.0, dtype)))
+    else:
+        out = relax.op.where(
+            relax.op.equal(sizes, relax.const(0.0, dtype)), relax.const(0.0, dtype), out
+        )
+    return bb.emit(relax.Tuple([bb.emit(out)]))
