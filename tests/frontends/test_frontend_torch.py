@@ -256,11 +256,21 @@ def test_grid_sample_reads_torch_grid_layout(rng, mode, padding, corners):
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("resize", [{"size": (7, 9)}, {"size": (3, 4)}, {"scale_factor": (3, 2)}])
+@pytest.mark.parametrize(
+    "resize",
+    [
+        {"size": (7, 9)},
+        {"size": (3, 4)},
+        {"scale_factor": (3, 2)},
+        {"scale_factor": 1.7},
+        {"scale_factor": (1.3, 0.6)},
+    ],
+)
 def test_nearest_interpolation_picks_torch_pixels(rng, resize):
-    """torch's "nearest" takes pixel floor(dst * in / out); TVM's importer used half-pixel
-    centres and rounding (torch's "nearest-exact"), so a 5 x 6 image resized to 7 x 9 differed
-    in most pixels, silently."""
+    """torch's "nearest" takes pixel floor(dst * in / out), or floor(dst / scale_factor);
+    TVM's importer used half-pixel centres and rounding (torch's "nearest-exact"), so a 5 x 6
+    image resized to 7 x 9 differed in most pixels, silently; with a scale of 1.7 the in / out
+    mapping still picked other rows at 2 of 8 positions."""
 
     class Resize(torch.nn.Module):
         def forward(self, x):

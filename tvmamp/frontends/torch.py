@@ -213,26 +213,37 @@ def _eval_mode(torch, module, train_mode: str):
 
 
 def _upsample_nearest(node, importer):
-    """torch's ``mode="nearest"``: the source pixel is ``floor(dst * in / out)``.
+    """torch's ``mode="nearest"``: the source pixel is ``floor(dst * in / out)``, or with a
+    ``scale_factor`` ``floor(dst * float(1 / scale))`` (in float32, as ATen).
 
     TVM's importer emits half-pixel centres and rounding, which is torch's "nearest-exact":
     the two pick different pixels whenever ``out / in`` is not an integer (a 5 x 6 image resized
-    to 7 x 9 differed in most pixels, silently). With ``scale_factor`` and ``in * scale`` not an
-    integer, torch steps by ``1 / scale`` where this steps by ``in / out``: a one-pixel
-    difference at some positions remains.
+    to 7 x 9 differed in most pixels, silently). Where a ``scale_factor`` maps some pixel
+    differently from ``in / out`` (5 rows scaled by 1.7: rows 5 and 6 of 8), the rows and
+    columns are gathered by torch's own source indices instead.
     """
+    import numpy as np
     import tvm
     from tvm import relax
 
     x = importer.env[node.args[0]]
     size = node.args[1] if len(node.args) > 1 else node.kwargs.get("output_size")
     scales = node.args[2] if len(node.args) > 2 else node.kwargs.get("scale_factors")
+    bb = importer.block_builder
     if not size:
         dims = importer.shape_of(x)
         if not all(isinstance(dims[i], tvm.tirx.IntImm) for i in range(2, len(dims))):
             return importer._upsample_nearest2d(node)  # symbolic sizes: TVM's own conversion
         scales = scales if isinstance(scales, (list, tuple)) else [scales, scales]
         size = [int(int(dims[2 + i]) * float(s)) for i, s in enumerate(scales)]
+        sources = [
+            _nearest_sources(int(dims[2 + i]), size[i], float(s)) for i, s in enumerate(scales)
+        ]
+        ratios = [_nearest_sources(int(dims[2 + i]), size[i], None) for i in range(2)]
+        if any(not np.array_equal(a, b) for a, b in zip(sources, ratios, strict=True)):
+            for axis, index in enumerate(sources):
+                x = bb.emit(relax.op.take(x, relax.const(index, "int64"), axis=2 + axis))
+            return x
     resize = relax.op.image.resize2d(
         x,
         [int(d) for d in size],
@@ -241,7 +252,20 @@ def _upsample_nearest(node, importer):
         coordinate_transformation_mode="asymmetric",
         rounding_method="floor",
     )
-    return importer.block_builder.emit(resize)
+    return bb.emit(resize)
+
+
+def _nearest_sources(size_in: int, size_out: int, scale):
+    """ATen's ``nearest_idx``: the source index of each output index along one axis."""
+    import numpy as np
+
+    out = np.arange(size_out)
+    if size_out == size_in:
+        return out
+    if size_out == 2 * size_in:
+        return out >> 1
+    step = np.float32(1.0 / scale) if scale else np.float32(size_in) / np.float32(size_out)
+    return np.minimum(np.floor(out.astype(np.float32) * step).astype(np.int64), size_in - 1)
 
 
 def _static_ints(dims):
