@@ -89,3 +89,22 @@ def test_unsupported_scatter_reductions_are_refused(fn, message):
     x = (torch.randn(1, 3), torch.randn(1, 2))
     with pytest.raises(UnsupportedOperatorError, match=message):
         tvmamp.from_torch(Lambda(fn), x)
+
+
+@pytest.mark.parametrize(
+    "fn, shapes",
+    [
+        (lambda a, b: a @ b, [(5, 7), (7, 3)]),
+        (lambda a, b: torch.bmm(a, b), [(2, 5, 7), (2, 7, 3)]),
+        (lambda a, b: torch.addmm(a[0, :3], a, b, beta=2, alpha=3), [(5, 7), (7, 3)]),
+    ],
+)
+def test_integer_products_stay_integer(fn, shapes, rng):
+    """TVM's importer gave every product a float32 result: exact only below 2**24."""
+    xs = [rng.integers(-(2**20), 2**20, s) for s in shapes]
+    check_against_torch(fn, *xs)
+
+
+def test_float64_model_stays_float64(rng):
+    x, w = rng.standard_normal((5, 7)), rng.standard_normal((7, 3))  # float64
+    check_against_torch(lambda x, w: torch.softmax(x @ w, -1), x, w, levels=("O0",))

@@ -1,8 +1,13 @@
 """Converters for ATen ops TVM's importer lacks: scatter reductions, ``embedding_bag``,
 ``prod`` over a dim, ``kthvalue`` and ``hypot``.
 
-``scatter.src`` is converted here too: TVM's importer passed ``src`` whole where torch reads
-only the part of it that ``index`` covers.
+Some it converts wrongly are converted here too:
+
+- ``scatter.src``: TVM's importer passed ``src`` whole where torch reads only the part of it
+  that ``index`` covers;
+- ``matmul``, ``mm``, ``bmm`` and ``addmm``: TVM's importer gave every product a float32
+  result, so an int64 ``a @ b`` returned float32 (exact only below 2**24) and a float64 model
+  silently became float32. The product keeps its operands' dtype, as in torch.
 """
 
 from __future__ import annotations
@@ -163,3 +168,29 @@ def embedding_bag(node, importer):
             relax.op.equal(sizes, relax.const(0.0, dtype)), relax.const(0.0, dtype), out
         )
     return bb.emit(relax.Tuple([bb.emit(out)]))
+
+
+def matmul(node, importer):
+    """``matmul``/``mm``/``bmm(a, b)`` in the operands' dtype."""
+    from tvm import relax
+
+    a, b = (importer.env[n] for n in node.args[:2])
+    return importer.block_builder.emit(relax.op.matmul(a, b, out_dtype=str(a.ty.dtype)))
+
+
+def addmm(node, importer):
+    """``addmm(bias, a, b, beta=1, alpha=1)``: ``beta * bias + alpha * (a @ b)``."""
+    from tvm import relax
+
+    bb = importer.block_builder
+    bias, a, b = (importer.env[n] for n in node.args[:3])
+    beta, alpha = node.kwargs.get("beta", 1), node.kwargs.get("alpha", 1)
+    dtype = str(a.ty.dtype)
+    product = bb.emit(relax.op.matmul(a, b, out_dtype=dtype))
+    if alpha != 1:
+        product = bb.emit(relax.op.multiply(product, relax.const(alpha, dtype)))
+    if beta == 0:
+        return product
+    if beta != 1:
+        bias = bb.emit(relax.op.multiply(bias, relax.const(beta, str(bias.ty.dtype))))
+    return bb.emit(relax.op.add(bias, product))
