@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Mapping, Sequence
 
 import tvm
@@ -137,6 +138,8 @@ def convert(
         ``.target`` (a tvm Target) and ``.entry`` (its tvmamp TargetEntry).
     """
     mod = as_module(mod)
+    if level != "O0":
+        _warn_float64(mod)
     policy, tvm_target, entry = target_policy(
         level,
         dtype,
@@ -157,3 +160,24 @@ def convert(
     converted = amp(mod)
     relax.analysis.well_formed(converted)
     return Converted(converted, amp.report, policy, tvm_target, entry)
+
+
+def _warn_float64(mod: tvm.IRModule) -> None:
+    """Warn that float64 ops stay float64: AMP lowers float32 computations only."""
+    found = []
+
+    def visit(expr):
+        if isinstance(expr, relax.Call) and isinstance(expr.ty, relax.TensorType):
+            if expr.ty.dtype == "float64":
+                found.append(expr)
+
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, visit)
+    if found:
+        warnings.warn(
+            f"tvmamp.convert: {len(found)} ops of the model compute in float64, which AMP leaves "
+            "as it is (it converts float32 computations); import the float32 model "
+            "(model.float(), float32 inputs) to have them converted",
+            stacklevel=3,
+        )

@@ -105,6 +105,13 @@ def test_integer_products_stay_integer(fn, shapes, rng):
     check_against_torch(fn, *xs)
 
 
-def test_float64_model_stays_float64(rng):
-    x, w = rng.standard_normal((5, 7)), rng.standard_normal((7, 3))  # float64
+def test_float64_model_stays_float64_and_o2_warns(rng):
+    """AMP converts float32 computations only: at O2 a float64 model's ops are named."""
+    x = rng.standard_normal((5, 7))  # float64
+    w = rng.standard_normal((7, 3))
     check_against_torch(lambda x, w: torch.softmax(x @ w, -1), x, w, levels=("O0",))
+    mod, params = tvmamp.from_torch(
+        Lambda(lambda x, w: x @ w), (torch.from_numpy(x), torch.from_numpy(w))
+    )
+    with pytest.warns(UserWarning, match="compute in float64"):
+        tvmamp.convert(mod, "O2", "llvm", params=params)
