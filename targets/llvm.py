@@ -231,10 +231,10 @@ def partition_passes(target: tvm.target.Target, _policy) -> list:
 
 
 def legalize_rules(_target: tvm.target.Target) -> dict:
-    """Instance and layer norms over rows of no whole SIMD vectors, legalized with sums of
-    whole vectors and a tail, which the CPU row-reduction rule vectorises
-    (``relay_passes/ragged_norms.py``)."""
-    from tvmamp.relay_passes.ragged_norms import LEGALIZE_MAP
+    """Instance and layer norms over trailing axes, legalized with sums of whole vectors and
+    a tail, which the CPU row-reduction rule vectorises, and a variance that does not cancel
+    (``relay_passes/row_norms.py``)."""
+    from tvmamp.relay_passes.row_norms import LEGALIZE_MAP
 
     return dict(LEGALIZE_MAP)
 

@@ -96,7 +96,7 @@ class TargetEntry:
         legalization (BYOC partitioning, layout rewrites).
     legalize_rules : callable
         ``(target) -> dict``: op name -> legalization, given to ``LegalizeOps`` over tvmamp's
-        own (the CPU's norms over ragged rows, :mod:`tvmamp.relay_passes.ragged_norms`).
+        own (the CPU's norms, :mod:`tvmamp.relay_passes.row_norms`).
     fusion_passes : callable
         ``(target) -> list[tvm.transform.Pass]``: run between ``FuseOps`` and ``FuseTIR``, on
         the grouped kernels (merging a GEMM kernel with the softmax that reads its result).

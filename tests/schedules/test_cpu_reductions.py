@@ -60,7 +60,7 @@ def test_rule_vectorises_the_reductions(name, length, mcpu):
     """The rule schedules the kernel, its reductions accumulate in vectors, and it builds.
 
     A ragged row (83) is split into whole vectors and a tail: the fast-math softmax's, and the
-    layer norm's by its legalization (``relay_passes/ragged_norms.py``).
+    layer norm's by its legalization (``relay_passes/row_norms.py``).
     """
     target = tvm.target.Target({"kind": "llvm", "mcpu": mcpu, "num-cores": 2})
     mod = FastMath()(_module(CASES[name][0], (16, 40, length)))
