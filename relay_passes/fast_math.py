@@ -36,7 +36,8 @@ def _widened(fast):
 
 
 def _gelu(x):
-    """``0.5 * x * (1 + erf(x / sqrt(2)))`` with the fast erf."""
+    """``0.5 * x * (1 + erf(x / sqrt(2)))`` with the fast erf (a NaN stays NaN through the
+    factor ``x``, so the clamping erf needs no guard here)."""
     return 0.5 * x * (1.0 + topi.fast_erf(x * (1.0 / math.sqrt(2.0))))
 
 
@@ -55,8 +56,16 @@ _EXP_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
 _EXP_MIN, _EXP_MAX = -87.33, 88.37  # exp stays a normal fp32 number (2^n built from bits)
 
 
+_EXP_OVERFLOW = 88.7228394  # log of the largest fp32 number: above it exp is +inf
+
+
 def _exp_of(value):
-    """The expression ``exp(value)`` for an fp32 expression, vectorisable (no libm call)."""
+    """The expression ``exp(value)`` for an fp32 expression, vectorisable (no libm call).
+
+    NaN stays NaN, values past the overflow threshold give +inf and those below the range
+    give 0, as libm's ``expf`` (without these selects the clamp made NaN and +inf finite: a
+    NaN or an overflow in a softmax's row vanished from its result).
+    """
     v = tirx.max(tirx.min(value, _EXP_MAX), _EXP_MIN)
     n = tirx.floor(v * _LOG2E + 0.5)
     r = v - n * _LN2_HI - n * _LN2_LO
@@ -65,7 +74,18 @@ def _exp_of(value):
         p = p * r + c
     poly = (p * r + 0.5) * (r * r) + r + 1.0
     scale = (n.astype("int32") + 127) << 23
-    return poly * tirx.reinterpret("float32", scale)
+    result = poly * tirx.reinterpret("float32", scale)
+    result = tirx.Select(value < _EXP_MIN, tirx.const(0.0, "float32"), result)
+    result = tirx.Select(value > _EXP_OVERFLOW, tirx.const(float("inf"), "float32"), result)
+    return tirx.Select(tirx.isnan(value), value, result)
+
+
+def _erf(x):
+    """TVM's ``fast_erf``, which clamps its input, with NaN kept NaN."""
+    fast = topi.fast_erf(x)
+    return te.compute(
+        x.shape, lambda *i: tirx.Select(tirx.isnan(x(*i)), x(*i), fast(*i)), name="erf_fast"
+    )
 
 
 def _exp(x):
@@ -151,7 +171,7 @@ def _silu(x):
 # relax op name -> (fp32 fast TE function, attribute names passed as extra arguments)
 FAST = {
     "relax.exp": (_exp, ()),
-    "relax.erf": (topi.fast_erf, ()),
+    "relax.erf": (_erf, ()),
     "relax.tanh": (topi.fast_tanh, ()),
     "relax.nn.gelu": (_gelu, ()),
     "relax.nn.gelu_tanh": (_gelu_tanh, ()),

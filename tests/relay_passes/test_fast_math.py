@@ -293,3 +293,46 @@ def test_attention_with_a_fully_masked_query_matches_torch(rng, level):
     assert not np.isnan(out).any()
     assert np.all(out[:, :, 5] == 0) and np.all(ref[:, :, 5] == 0)
     assert_close(out, ref, **tolerance("float32" if level == "O0" else "bfloat16"))
+
+
+def _erf64(v):
+    return np.vectorize(math.erf, otypes=[np.float64])(v)
+
+
+_SPECIAL = np.array(
+    [np.nan, np.inf, -np.inf, 100.0, -100.0, 88.8, 88.0, -87.0, -90.0, 0.5, -0.5, 3.0, -3.0, 0.0]
+    * 3,
+    dtype="float32",
+)
+
+
+@pytest.mark.parametrize(
+    "op, ref",
+    [
+        (relax.op.exp, np.exp),
+        (relax.op.sigmoid, lambda v: 1 / (1 + np.exp(-v))),
+        (relax.op.nn.silu, lambda v: v / (1 + np.exp(-v))),
+        (relax.op.erf, _erf64),
+        (relax.op.nn.gelu, lambda v: 0.5 * v * (1 + _erf64(v / math.sqrt(2)))),
+    ],
+)
+def test_fast_kernels_keep_nan_and_infinities(op, ref):
+    """NaN stays NaN, exp overflows to +inf and underflows to 0, as libm: the clamped
+    polynomial made them finite (exp(NaN) = 2.4e38, erf(NaN) = 1), so a NaN vanished."""
+    x = _SPECIAL.reshape(2, -1)
+    out = np.asarray(tvmamp.build(FastMath()(_unary(op, x.shape)), "O0", "llvm")(x), "float64")
+    with np.errstate(all="ignore"):  # float64, then rounded to fp32 (exp(100) is inf)
+        expected = ref(x.astype("float64")).astype("float32").astype("float64")
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(expected))
+    np.testing.assert_array_equal(np.isinf(out), np.isinf(expected))
+    finite = np.isfinite(expected)  # the polynomials' accuracy is tested above
+    np.testing.assert_allclose(out[finite], expected[finite], rtol=1e-5, atol=1e-6)
+
+
+def test_softmax_rows_with_nan_or_infinity_are_nan():
+    """torch gives NaN for a row holding NaN or +inf; the clamped exp gave finite rows."""
+    x = np.random.default_rng(1).standard_normal((3, 40)).astype("float32")
+    x[0, 7], x[1, 30] = np.nan, np.inf
+    mod = FastMath()(_unary(lambda v: relax.op.nn.softmax(v, axis=-1), x.shape))
+    out = np.asarray(tvmamp.build(mod, "O0", "llvm")(x))
+    assert np.isnan(out[:2]).all() and np.isfinite(out[2]).all()
