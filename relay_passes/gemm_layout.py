@@ -77,6 +77,8 @@ def _composed(mod: tvm.IRModule, func: relax.Function, name: str) -> tirx.PrimFu
         return None
     block = sch.get(blocks[-1])
     load, out = block.body.value, block.body.buffer
+    if len(block.iter_vars) != len(out.shape):
+        return None  # a reshape to a scalar keeps an iterator of extent 1 for its store
     if not all(i.same_as(iv.var) for i, iv in zip(block.body.indices, block.iter_vars)):
         return None
     ranges = Analyzer()

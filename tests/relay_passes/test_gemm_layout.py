@@ -145,3 +145,13 @@ def test_a_module_without_layout_kernels_is_unchanged():
         ]
     )(bb.get())
     tvm.ir.assert_structural_equal(FuseLayoutIntoGemm(lambda kernel: True)(mod), mod)
+
+
+def test_a_layout_kernel_reshaping_to_a_scalar_is_left_alone(rng):
+    """``einsum("ij,jk->")`` ends in a reshape to a 0-d tensor, whose copy block keeps an
+    iterator of extent 1: composing it failed with "zip() argument 2 is shorter"."""
+    torch = pytest.importorskip("torch")
+    from torch_modules import check_against_torch
+
+    a, b = (rng.standard_normal(s).astype("float32") for s in ((3, 4), (4, 5)))
+    check_against_torch(lambda a, b: torch.einsum("ij,jk->", a, b), a, b)
