@@ -115,3 +115,40 @@ def test_float64_model_stays_float64_and_o2_warns(rng):
     )
     with pytest.warns(UserWarning, match="compute in float64"):
         tvmamp.convert(mod, "O2", "llvm", params=params)
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: torch.var_mean(x, 1),
+        lambda x: torch.var_mean(x, (0, 2), correction=0, keepdim=True),
+        lambda x: torch.std_mean(x, -1),
+    ],
+)
+def test_var_mean(fn, rng):
+    check_against_torch(fn, _floats(rng, 4, 9, 5) * 3 + 10)
+
+
+@pytest.mark.parametrize("descending", [False, True])
+def test_stable_sort_keeps_equal_elements_in_order(descending, rng):
+    x = rng.integers(0, 3, (3, 17)).astype("float32")  # many ties
+    check_against_torch(lambda x: torch.sort(x, stable=True, descending=descending), x)
+
+
+@pytest.mark.parametrize("right", [False, True])
+def test_searchsorted_over_a_sorted_sequence(right, rng):
+    edges = np.sort(rng.standard_normal(9)).astype("float32")
+    x = np.concatenate([_floats(rng, 3, 4), edges[[1, 5, 7, 2]].reshape(1, 4)])  # exact hits
+    check_against_torch(lambda e, v: torch.searchsorted(e, v, right=right), edges, x)
+
+
+def test_pairwise_interactions_over_triangle_indices(rng):
+    """DLRM's interaction layer: the strict upper (or lower) triangle of ``x @ x^T``."""
+
+    def interact(x):
+        z = torch.bmm(x, x.transpose(1, 2))
+        li, lj = torch.tril_indices(5, 5, offset=-1)
+        ui, uj = torch.triu_indices(5, 6, 1)
+        return z[:, li, lj], (z[:, :, :1].expand(3, 5, 6) * 0 + 1)[:, ui, uj]
+
+    check_against_torch(interact, _floats(rng, 3, 5, 8))

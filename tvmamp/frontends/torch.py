@@ -919,6 +919,11 @@ def _converters() -> dict:
         "kthvalue.default": torch_ops.kthvalue,
         "_embedding_bag.default": torch_ops.embedding_bag,
         "_embedding_bag_forward_only.default": torch_ops.embedding_bag,
+        "var_mean.correction": torch_ops.var_mean,
+        "sort.stable": torch_ops.stable_sort,
+        "searchsorted.Tensor": torch_ops.searchsorted,
+        "triu_indices.default": torch_ops.triangle_indices(upper=True),
+        "tril_indices.default": torch_ops.triangle_indices(upper=False),
         "remainder.Scalar_Tensor": _binary("floor_mod"),
         **{
             f"{name}.{overload}": _binary(op)

@@ -1,5 +1,6 @@
 """Converters for ATen ops TVM's importer lacks: scatter reductions, ``embedding_bag``,
-``prod`` over a dim, ``kthvalue`` and ``hypot``.
+``prod`` over a dim, ``kthvalue``, ``hypot``, ``var_mean``, stable ``sort``,
+``searchsorted`` and ``triu``/``tril_indices``.
 
 Some it converts wrongly are converted here too:
 
@@ -194,3 +195,72 @@ def addmm(node, importer):
     if beta != 1:
         bias = bb.emit(relax.op.multiply(bias, relax.const(beta, str(bias.ty.dtype))))
     return bb.emit(relax.op.add(bias, product))
+
+
+def var_mean(node, importer):
+    """``var_mean.correction(x, dim=None, correction=1, keepdim=False)``: ``(var, mean)``,
+    the variance with ``n - correction`` in its denominator, as ``torch.var``."""
+    import math
+
+    from tvm import relax
+
+    bb = importer.block_builder
+    x = importer.env[node.args[0]]
+    rank = len(x.ty.shape)
+    dims = node_arg(node, 1, "dim")
+    dims = list(range(rank)) if dims is None else [int(d) % rank for d in dims]
+    correction = node.kwargs.get("correction", 1)
+    correction = 1 if correction is None else float(correction)
+    keep = bool(node.kwargs.get("keepdim", False))
+    count = math.prod(int(x.ty.shape[d]) for d in dims)
+    dtype = str(x.ty.dtype)
+    mean = bb.emit(relax.op.mean(x, dims, keepdims=True))
+    centred = relax.op.subtract(x, mean)
+    total = relax.op.sum(relax.op.multiply(centred, centred), dims, keepdims=keep)
+    divisor = relax.const(max(count - correction, 0.0), dtype)
+    variance = bb.emit(relax.op.divide(total, divisor))
+    if not keep:
+        mean = bb.emit(relax.op.squeeze(mean, dims))
+    return bb.emit(relax.Tuple([variance, mean]))
+
+
+def stable_sort(node, importer):
+    """``sort.stable(x, *, stable, dim=-1, descending=False)``: values and int64 indices,
+    equal elements in their input order (TVM's argsort is a stable sort)."""
+    from tvm import relax
+
+    bb = importer.block_builder
+    x = importer.env[node.args[0]]
+    dim = int(node.kwargs.get("dim", -1)) % len(x.ty.shape)
+    descending = bool(node.kwargs.get("descending", False))
+    order = bb.emit(relax.op.argsort(x, axis=dim, descending=descending, dtype="int64"))
+    values = bb.emit(relax.op.gather_elements(x, order, axis=dim))
+    return bb.emit(relax.Tuple([values, order]))
+
+
+def searchsorted(node, importer):
+    """``searchsorted.Tensor(sorted, x, out_int32=False, right=False, side=None,
+    sorter=None)`` over a 1-D sorted sequence: ``bucketize`` of ``x``."""
+    from tvm import relax
+
+    boundaries, x = (importer.env[n] for n in node.args[:2])
+    if len(boundaries.ty.shape) != 1 or node.kwargs.get("sorter") is not None:
+        _refuse(node, "with a sorted sequence of more than one dim, or a sorter")
+    right = bool(node.kwargs.get("right", False)) or node.kwargs.get("side") == "right"
+    out_int32 = bool(node.kwargs.get("out_int32", False))
+    return importer.block_builder.emit(relax.op.bucketize(x, boundaries, out_int32, right))
+
+
+def triangle_indices(upper: bool):
+    """``triu_indices``/``tril_indices(row, col, offset=0)``: a constant [2, n] int64."""
+
+    def convert(node, importer):
+        import numpy as np
+        from tvm import relax
+
+        row, col = int(node.args[0]), int(node.args[1])
+        offset = int(node_arg(node, 2, "offset", 0))
+        pick = np.triu_indices if upper else np.tril_indices
+        return relax.const(np.stack(pick(row, offset, col)).astype("int64"))
+
+    return convert
