@@ -39,18 +39,18 @@ def _indices_read(node) -> bool:
     return any(u.target is not operator.getitem or u.args[1] != 0 for u in node.users)
 
 
-def _window_argmax(data, out_shape, rank: int, window):
-    """TE: ``(indices, values)`` of the maximum of each window of ``data``'s last ``rank``
-    axes. ``window(axis, o)`` gives the window of output position ``o`` along spatial
-    ``axis``: ``(start, step, length, end)``; slot ``r`` reads ``start + r * step`` where that
-    lies in ``[0, end)``."""
+def _window_argmax(data, out_shape, lengths: list[int], window):
+    """TE: ``(indices, values)`` of the maximum of each window of ``data``'s last
+    ``len(lengths)`` axes. Along spatial axis ``d`` a window has ``lengths[d]`` slots, and
+    ``window(d, o)`` gives ``(start, step, end)`` for output position ``o``: slot ``r`` reads
+    ``start + r * step`` where that lies in ``[0, end)``."""
     from tvm import te, tirx
 
+    rank = len(lengths)
     lead = len(data.shape) - rank
     sizes = list(data.shape[lead:])
     dtype = data.dtype
-    windows = [window(d, None) for d in range(rank)]
-    axes = [te.reduce_axis((0, w[2]), f"r{d}") for d, w in enumerate(windows)]
+    axes = [te.reduce_axis((0, length), f"r{d}") for d, length in enumerate(lengths)]
 
     def wins(x, y):  # whether (index, value) x precedes y as ATen's scan keeps it
         nan_x, nan_y = tirx.isnan(x[1]), tirx.isnan(y[1])
@@ -71,7 +71,7 @@ def _window_argmax(data, out_shape, rank: int, window):
     def compute(*out):
         positions, inside = [], []
         for d in range(rank):
-            start, step, _, end = window(d, out[lead + d])
+            start, step, end = window(d, out[lead + d])
             pos = start + axes[d] * step
             positions.append(pos)
             inside.append(tirx.all(pos >= 0, pos < end))
@@ -106,17 +106,16 @@ def max_pool_with_indices(rank: int):
         ceil_mode = bool(node_arg(node, 5, "ceil_mode", False))
         pool = getattr(importer, f"_max_pool{rank}d_impl")
         values = bb.normalize(pool(x, kernel, stride, padding, dilation, ceil_mode))
-        if not _indices_read(node):
+        if not _indices_read(node):  # the unread indices: a placeholder that DCE removes
             return bb.emit(relax.Tuple([values, relax.op.zeros_like(values, "int64")]))
         sizes = list(x.ty.shape)[-rank:]
 
         def window(d, o):
-            start = None if o is None else o * stride[d] - padding[d]
-            return start, dilation[d], kernel[d], sizes[d]
+            return o * stride[d] - padding[d], dilation[d], sizes[d]
 
         shape = list(values.ty.shape)
         indices = bb.emit_te(
-            lambda data: _window_argmax(data, shape, rank, window)[0],
+            lambda data: _window_argmax(data, shape, kernel, window)[0],
             x,
             primfunc_name_hint=f"max_pool{rank}d_indices",
         )
@@ -146,19 +145,18 @@ def adaptive_max_pool(rank: int):
                 [str(node.target)],
             )
         sizes = sizes[-rank:]
+        lengths = [  # the longest window along each axis
+            max(-(-((i + 1) * n) // m) - (i * n) // m for i in range(m))
+            for n, m in zip(sizes, outputs, strict=True)
+        ]
 
         def window(d, o):
             n, m = sizes[d], outputs[d]
-            longest = max(-(-((i + 1) * n) // m) - (i * n) // m for i in range(m))
-            if o is None:
-                return None, 1, longest, n
-            start = tirx.floordiv(o * n, m)
-            end = tirx.floordiv((o + 1) * n + m - 1, m)
-            return start, 1, longest, end
+            return tirx.floordiv(o * n, m), 1, tirx.floordiv((o + 1) * n + m - 1, m)
 
         shape = list(x.ty.shape)[:-rank] + outputs
         pair = bb.emit_te(
-            lambda data: list(_window_argmax(data, shape, rank, window)),
+            lambda data: list(_window_argmax(data, shape, lengths, window)),
             x,
             primfunc_name_hint=f"adaptive_max_pool{rank}d",
         )
