@@ -46,6 +46,13 @@ def node_arg(node, index: int, name: str, default=None):
     return node.kwargs.get(name, default)
 
 
+def reads_beyond_first(node) -> bool:
+    """Whether a user of an FX node that returns several results reads more than result 0."""
+    import operator
+
+    return any(u.target is not operator.getitem or u.args[1] != 0 for u in node.users)
+
+
 def to_numpy(value) -> np.ndarray:
     """A TVM tensor, torch tensor or array-like as a numpy array."""
     if isinstance(value, tvm.runtime.Tensor):

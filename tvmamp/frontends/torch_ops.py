@@ -13,9 +13,9 @@ Some it converts wrongly are converted here too:
 
 from __future__ import annotations
 
-import operator
+from tvmamp.tensors import static_shape
 
-from .common import UnsupportedOperatorError, node_arg
+from .common import UnsupportedOperatorError, node_arg, reads_beyond_first
 
 # torch.scatter_reduce's reductions -> relax.op.scatter_elements's
 _SCATTER_REDUCTIONS = {"sum": "add", "prod": "mul", "amax": "max", "amin": "min"}
@@ -118,7 +118,7 @@ def embedding_bag(node, importer):
     """
     from tvm import relax
 
-    if any(u.target is not operator.getitem or u.args[1] != 0 for u in node.users):
+    if reads_beyond_first(node):
         _refuse(node, "with its offset2bag, bag_size or max_indices results read")
     bb = importer.block_builder
     weight, indices, offsets = (importer.env[n] for n in node.args[:3])
@@ -212,7 +212,10 @@ def var_mean(node, importer):
     correction = node.kwargs.get("correction", 1)
     correction = 1 if correction is None else float(correction)
     keep = bool(node.kwargs.get("keepdim", False))
-    count = math.prod(int(x.ty.shape[d]) for d in dims)
+    shape = static_shape(x.ty)
+    if shape is None:
+        _refuse(node, f"of a tensor of symbolic shape {list(x.ty.shape)}")
+    count = math.prod(shape[d] for d in dims)
     dtype = str(x.ty.dtype)
     mean = bb.emit(relax.op.mean(x, dims, keepdims=True))
     centred = relax.op.subtract(x, mean)

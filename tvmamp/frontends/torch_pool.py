@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from tvmamp.tensors import static_shape
 
-from .common import UnsupportedOperatorError, node_arg
+from .common import UnsupportedOperatorError, node_arg, reads_beyond_first
 
 _BIG = (1 << 62) - 1  # the index an empty slot of a window carries: no real one loses to it
 
@@ -30,13 +30,6 @@ def _dims(value, rank: int, name: str) -> list[int]:
             ["max_pool_with_indices"],
         )
     return [int(v) for v in values]
-
-
-def _indices_read(node) -> bool:
-    """Whether a user of the (values, indices) pair reads the indices."""
-    import operator
-
-    return any(u.target is not operator.getitem or u.args[1] != 0 for u in node.users)
 
 
 def _window_argmax(data, out_shape, lengths: list[int], window):
@@ -106,7 +99,7 @@ def max_pool_with_indices(rank: int):
         ceil_mode = bool(node_arg(node, 5, "ceil_mode", False))
         pool = getattr(importer, f"_max_pool{rank}d_impl")
         values = bb.normalize(pool(x, kernel, stride, padding, dilation, ceil_mode))
-        if not _indices_read(node):  # the unread indices: a placeholder that DCE removes
+        if not reads_beyond_first(node):  # the unread indices: a placeholder that DCE removes
             return bb.emit(relax.Tuple([values, relax.op.zeros_like(values, "int64")]))
         sizes = list(x.ty.shape)[-rank:]
 
