@@ -57,7 +57,8 @@ class SizeParamsAsShapes:
         if not candidates:
             return mod
         functions = {g: f for g, f in mod.functions_items() if g not in candidates}
-        rewriter = _CallSites(tvm.IRModule(functions, attrs=mod.attrs))
+        base = tvm.IRModule(functions, attrs=mod.attrs, global_infos=mod.global_infos)
+        rewriter = _CallSites(base)
         for gvar, positions in candidates.items():
             func = mod[gvar]
             params = [
