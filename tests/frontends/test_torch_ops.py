@@ -152,3 +152,21 @@ def test_pairwise_interactions_over_triangle_indices(rng):
         return z[:, li, lj], (z[:, :, :1].expand(3, 5, 6) * 0 + 1)[:, ui, uj]
 
     check_against_torch(interact, _floats(rng, 3, 5, 8))
+
+
+@pytest.mark.parametrize(
+    "mask_shape",
+    [(2, 5, 4), (2, 5, 1)],  # elementwise; whole rows, as a multimodal model
+)
+def test_masked_scatter_takes_the_source_in_order(mask_shape, rng):
+    x, source = _floats(rng, 2, 5, 4), _floats(rng, 60)
+    mask = rng.random(mask_shape) > 0.5
+    mask.flat[0] = False  # unmasked leading positions take nothing
+    check_against_torch(lambda x, m, s: x.masked_scatter(m, s), x, mask, source)
+
+
+@pytest.mark.parametrize("p", [2.0, 1.0, 3.0, float("inf"), 0.0])
+def test_cdist(p, rng):
+    a, b = _floats(rng, 2, 6, 3), _floats(rng, 2, 5, 3)
+    b[0, 0] = a[0, 0]  # a zero distance (p = 0 counts differing coordinates)
+    check_against_torch(lambda a, b: torch.cdist(a, b, p=p), a, b)

@@ -924,6 +924,8 @@ def _converters() -> dict:
         "searchsorted.Tensor": torch_ops.searchsorted,
         "triu_indices.default": torch_ops.triangle_indices(upper=True),
         "tril_indices.default": torch_ops.triangle_indices(upper=False),
+        "masked_scatter.default": torch_ops.masked_scatter,
+        "_cdist_forward.default": torch_ops.cdist,
         "remainder.Scalar_Tensor": _binary("floor_mod"),
         **{
             f"{name}.{overload}": _binary(op)

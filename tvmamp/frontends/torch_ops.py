@@ -1,6 +1,6 @@
 """Converters for ATen ops TVM's importer lacks: scatter reductions, ``embedding_bag``,
 ``prod`` over a dim, ``kthvalue``, ``hypot``, ``var_mean``, stable ``sort``,
-``searchsorted`` and ``triu``/``tril_indices``.
+``searchsorted``, ``triu``/``tril_indices``, ``masked_scatter`` and ``cdist``.
 
 Some it converts wrongly are converted here too:
 
@@ -267,3 +267,47 @@ def triangle_indices(upper: bool):
         return relax.const(np.stack(pick(row, offset, col)).astype("int64"))
 
     return convert
+
+
+def masked_scatter(node, importer):
+    """``masked_scatter(x, mask, source)``: the positions where ``mask`` (broadcast to ``x``)
+    holds take ``source``'s elements in order (a multimodal model's image features written
+    into the text embeddings); the others keep ``x``."""
+    from tvm import relax
+
+    bb = importer.block_builder
+    x, mask, source = (importer.env[n] for n in node.args[:3])
+    shape = relax.ShapeExpr(list(x.ty.shape))
+    mask = bb.emit(relax.op.broadcast_to(mask, shape))
+    flat = relax.op.astype(relax.op.reshape(mask, [-1]), "int64")
+    order = relax.op.subtract(relax.op.cumsum(flat, 0), relax.const(1, "int64"))
+    order = relax.op.maximum(order, relax.const(0, "int64"))  # unmasked leading positions
+    taken = relax.op.take(relax.op.reshape(source, [-1]), order, axis=0)
+    return bb.emit(relax.op.where(mask, relax.op.reshape(taken, shape), x))
+
+
+def cdist(node, importer):
+    """``_cdist_forward(x1, x2, p, compute_mode)``: the p-norm distance of every pair of rows,
+    computed directly (torch exports its matmul form for p = 2 past 25 rows itself)."""
+    from tvm import relax
+
+    bb = importer.block_builder
+    a, b = (importer.env[n] for n in node.args[:2])
+    p = float(node.args[2])
+    dtype = str(a.ty.dtype)
+    diff = relax.op.subtract(relax.op.expand_dims(a, -2), relax.op.expand_dims(b, -3))
+    size = relax.op.abs(diff)
+    if p == 2.0:
+        out = relax.op.sqrt(relax.op.sum(relax.op.multiply(diff, diff), -1))
+    elif p == 1.0:
+        out = relax.op.sum(size, -1)
+    elif p == float("inf"):
+        out = relax.op.max(size, -1)
+    elif p == 0.0:
+        out = relax.op.sum(
+            relax.op.astype(relax.op.not_equal(diff, relax.const(0.0, dtype)), dtype), -1
+        )
+    else:
+        total = relax.op.sum(relax.op.power(size, relax.const(p, dtype)), -1)
+        out = relax.op.power(total, relax.const(1.0 / p, dtype))
+    return bb.emit(out)
