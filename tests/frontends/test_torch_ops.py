@@ -170,3 +170,23 @@ def test_cdist(p, rng):
     a, b = _floats(rng, 2, 6, 3), _floats(rng, 2, 5, 3)
     b[0, 0] = a[0, 0]  # a zero distance (p = 0 counts differing coordinates)
     check_against_torch(lambda a, b: torch.cdist(a, b, p=p), a, b)
+
+
+@pytest.mark.parametrize(
+    "fn, shape",
+    [
+        (lambda x: x.unfold(1, 4, 2), (2, 11)),  # frames of 4, hop 2; the last sample unused
+        (lambda x: x.unfold(0, 3, 3) * 2, (7, 2, 3)),  # a leading dim
+        (lambda x: x.unfold(-1, 5, 1), (2, 3, 8)),
+        (lambda x: torch.exp2(x), (3, 4)),
+    ],
+)
+def test_unfold_and_exp2(fn, shape, rng):
+    check_against_torch(fn, _floats(rng, *shape))
+
+
+@pytest.mark.parametrize("fn", [torch.fmax, torch.fmin])
+def test_fmax_and_fmin_ignore_nan(fn, rng):
+    a, b = _floats(rng, 3, 4), _floats(rng, 3, 4)
+    a[0, 0], b[1, 1], a[2, 2], b[2, 2] = np.nan, np.nan, np.nan, np.nan  # NaN on one side, both
+    check_against_torch(fn, a, b, levels=("O0",))

@@ -926,6 +926,10 @@ def _converters() -> dict:
         "tril_indices.default": torch_ops.triangle_indices(upper=False),
         "masked_scatter.default": torch_ops.masked_scatter,
         "_cdist_forward.default": torch_ops.cdist,
+        "unfold.default": torch_ops.unfold,
+        "exp2.default": torch_ops.exp2,
+        "fmax.default": torch_ops.nan_ignoring("maximum"),
+        "fmin.default": torch_ops.nan_ignoring("minimum"),
         "remainder.Scalar_Tensor": _binary("floor_mod"),
         **{
             f"{name}.{overload}": _binary(op)

@@ -1,6 +1,7 @@
 """Converters for ATen ops TVM's importer lacks: scatter reductions, ``embedding_bag``,
 ``prod`` over a dim, ``kthvalue``, ``hypot``, ``var_mean``, stable ``sort``,
-``searchsorted``, ``triu``/``tril_indices``, ``masked_scatter`` and ``cdist``.
+``searchsorted``, ``triu``/``tril_indices``, ``masked_scatter``, ``cdist``, ``Tensor.unfold``,
+``exp2`` and ``fmax``/``fmin``.
 
 Some it converts wrongly are converted here too:
 
@@ -311,3 +312,49 @@ def cdist(node, importer):
         total = relax.op.sum(relax.op.power(size, relax.const(p, dtype)), -1)
         out = relax.op.power(total, relax.const(1.0 / p, dtype))
     return bb.emit(out)
+
+
+def unfold(node, importer):
+    """``Tensor.unfold(dim, size, step)``: the windows of ``size`` elements every ``step``
+    along ``dim`` (audio framing), as a gather of constant indices with the window last."""
+    import numpy as np
+    from tvm import relax
+
+    x = importer.env[node.args[0]]
+    shape = static_shape(x.ty)
+    if shape is None:
+        _refuse(node, f"of a tensor of symbolic shape {list(x.ty.shape)}")
+    dim, size, step = (int(v) for v in node.args[1:4])
+    dim %= max(len(shape), 1)
+    count = (shape[dim] - size) // step + 1
+    index = np.arange(count)[:, None] * step + np.arange(size)[None, :]
+    bb = importer.block_builder
+    windows = bb.emit(relax.op.take(x, relax.const(index.astype("int64")), axis=dim))
+    axes = list(range(len(shape) + 1))  # [..., count, size, ...]: move the window's axis last
+    axes = axes[: dim + 1] + axes[dim + 2 :] + [dim + 1]
+    return bb.emit(relax.op.permute_dims(windows, axes))
+
+
+def exp2(node, importer):
+    """``exp2(x)``: ``exp(x * ln 2)``."""
+    import math
+
+    from tvm import relax
+
+    x = importer.env[node.args[0]]
+    scaled = relax.op.multiply(x, relax.const(math.log(2.0), str(x.ty.dtype)))
+    return importer.block_builder.emit(relax.op.exp(scaled))
+
+
+def nan_ignoring(extremum):
+    """``fmax``/``fmin(a, b)``: ``extremum``, with a NaN operand giving the other one."""
+
+    def convert(node, importer):
+        from tvm import relax
+
+        a, b = (importer.env[n] for n in node.args[:2])
+        both = getattr(relax.op, extremum)(a, b)
+        out = relax.op.where(relax.op.isnan(a), b, relax.op.where(relax.op.isnan(b), a, both))
+        return importer.block_builder.emit(out)
+
+    return convert
