@@ -38,35 +38,33 @@ def _covered(bb, src, index):
     return bb.emit(relax.op.strided_slice(src, axes, [0] * len(want), want, assume_inbound=True))
 
 
+def _scatter_elements(node, importer, reduction: str):
+    """``scatter_elements`` of ``node``'s ``(x, dim, index, src, ...)`` with ``reduction``."""
+    from tvm import relax
+
+    bb = importer.block_builder
+    x, index, src = (importer.env[node.args[i]] for i in (0, 2, 3))
+    src = _covered(bb, src, index)
+    return bb.emit(relax.op.scatter_elements(x, index, src, int(node.args[1]), reduction))
+
+
 def scatter(reduction: str | None):
     """``scatter.src(x, dim, index, src)`` (``reduction`` None) and ``scatter_add``."""
 
     def convert(node, importer):
-        from tvm import relax
-
-        bb = importer.block_builder
-        x, index, src = (importer.env[node.args[i]] for i in (0, 2, 3))
-        dim = int(node.args[1])
-        src = _covered(bb, src, index)
-        return bb.emit(relax.op.scatter_elements(x, index, src, dim, reduction or "update"))
+        return _scatter_elements(node, importer, reduction or "update")
 
     return convert
 
 
 def scatter_reduce(node, importer):
     """``scatter_reduce.two(x, dim, index, src, reduce, include_self=True)``."""
-    from tvm import relax
-
     reduce = node_arg(node, 4, "reduce")
     if reduce not in _SCATTER_REDUCTIONS:
         _refuse(node, f"with reduce={reduce!r}; supported: {sorted(_SCATTER_REDUCTIONS)}")
     if not node_arg(node, 5, "include_self", True):
         _refuse(node, "with include_self=False")
-    bb = importer.block_builder
-    x, index, src = (importer.env[node.args[i]] for i in (0, 2, 3))
-    src = _covered(bb, src, index)
-    reduction = _SCATTER_REDUCTIONS[reduce]
-    return bb.emit(relax.op.scatter_elements(x, index, src, int(node.args[1]), reduction))
+    return _scatter_elements(node, importer, _SCATTER_REDUCTIONS[reduce])
 
 
 def prod_dim(node, importer):
