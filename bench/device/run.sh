@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# One call on a lent GPU machine (see bench/device/README.md): set up TVM and tvmamp from .dev/,
+# then `pytest -m gpu`, bench/bench_cuda.py, and the CPU benches (bf16 GEMM, SimpleNet, conv
+# net, transformer layer, training step) at 1, 4 and 16 threads. Each step has its own time
+# limit and its own log under $OUT, so a step that fails or runs long loses nothing else.
+# `python3 -P`: the repository root must not shadow the installed tvmamp (its subpackages are
+# mapped from relay_passes/, schedules/ and targets/).
+# Usage (device tool): bash bench/device/run.sh [steps], steps from: gpu cuda cpu1 cpu4 cpu16 avx512 amx
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/device_out}
+mkdir -p "$OUT"
+steps=${1:-gpu cuda cpu1 cpu4 cpu16 avx512}
+t0=$SECONDS
+{
+  date -u; lscpu | grep -E 'Model name|^CPU\(s\)|Thread|Socket|NUMA node\(s\)|L2|L3'
+  grep -o -w -E 'amx_bf16|amx_tile|avx512_bf16|avx512_fp16|avx512f' /proc/cpuinfo | sort | uniq -c
+  nvidia-smi -L; python3 -V; command -v nvcc gcc
+} > "$OUT/env.log" 2>&1
+cat "$OUT/env.log"
+nvcc_bin=$(command -v nvcc || ls /usr/local/cuda*/bin/nvcc 2>/dev/null | head -1)
+[ -n "$nvcc_bin" ] && export PATH="$PATH:$(dirname "$nvcc_bin")" CUDA_HOME="$(dirname "$(dirname "$nvcc_bin")")"
+cudart=$(find /usr/local /opt /usr/lib -name 'libcudart.so.13*' 2>/dev/null | head -1)
+[ -n "$cudart" ] && export LD_LIBRARY_PATH="$(dirname "$cudart")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+echo "nvcc=$nvcc_bin cudart=$cudart"
+if ! pp=$(bash bench/device/setup.sh /tmp/site 2> "$OUT/setup.log"); then
+  echo "setup failed:"; tail -30 "$OUT/setup.log"; exit 1
+fi
+export PYTHONPATH=$pp
+python3 -P -c "import tvm, tvmamp; print('tvm', tvm.__version__, 'cuda', tvm.cuda(0).exist)" 2>&1 | tail -3
+echo "setup done at $((SECONDS - t0)) s"
+
+run() {  # run NAME LIMIT CMD...: log to $OUT/NAME.log, print status
+  local name=$1 limit=$2; shift 2
+  local start=$SECONDS
+  timeout "$limit" "$@" >> "$OUT/$name.log" 2>&1
+  echo "[$name] rc=$? $((SECONDS - start)) s (at $((SECONDS - t0)) s): $*"
+}
+cpu() {  # cpu THREADS [LOG] [KERNEL]: the CPU benches at THREADS threads
+  local n=$1 log=${2:-cpu_t$1} kernel=${3:-auto}
+  export TVM_NUM_THREADS=$n
+  run "$log" 120 python3 bench/bench_cpu_bf16.py --threads "$n" --skip-large --repeat 7 \
+    --kernel "$kernel" --shapes 1024x1024x1024,257x4096x1024,128x768x3072
+  [ "$kernel" = auto ] || return 0
+  run "$log" 60 python3 bench/bench_transformer.py --threads "$n" --repeat 7
+  run "$log" 60 python3 bench/bench_training.py --repeat 3
+}
+for s in $steps; do
+  case $s in
+    gpu) xdist=$(python3 -c 'import xdist' 2>/dev/null && echo "-n 8")
+         # shellcheck disable=SC2086
+         run gpu_tests 200 python3 -P -m pytest -m gpu tests/targets/test_cuda_gpu.py -q $xdist \
+           -p no:cacheprovider -rs ;;
+    cuda) run cuda_bench 150 python3 bench/bench_cuda.py ;;
+    cpu1) cpu 1 ;;
+    cpu4) cpu 4 ;;
+    cpu16) cpu 16 ;;
+    avx512) grep -q amx_tile /proc/cpuinfo && cpu 1 cpu_avx512_t1 vdpbf16ps ;;
+    amx) TVM_NUM_THREADS=1 run amx_blocking 240 python3 bench/bench_amx_blocking.py \
+           --k-blocks 128,256,384,512,768,1024,4096 --n-blocks auto,64,128,256,512 ;;
+  esac
+done
+echo; echo "=== summary (logs in \$OUT)"
+for f in "$OUT"/gpu_tests.log; do [ -f "$f" ] && tail -8 "$f"; done
+for f in "$OUT"/cuda_bench.log "$OUT"/cpu_*.log "$OUT"/amx_blocking.log; do
+  [ -f "$f" ] && { echo "--- $(basename "$f")"; grep -E '^\| |^target|Error|error:' "$f" | grep -v -E '^\|---' | head -60; }
+done
