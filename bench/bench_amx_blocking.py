@@ -64,6 +64,7 @@ int main(int argc, char **argv){
 """
 # (label, A bytes, B bytes): L1 is 48 KiB and L2 2 MiB a core on Sapphire/Emerald Rapids
 _PLACEMENTS = (
+    ("the same two A and two B tiles every step", 2 << 10, 2 << 10),
     ("A and B in L1 (16 KiB each)", 16 << 10, 16 << 10),
     ("A in L1 (16 KiB), B in L2 (512 KiB)", 16 << 10, 512 << 10),
     ("A in L1 (32 KiB), B in L2 (512 KiB)", 32 << 10, 512 << 10),

@@ -5,7 +5,7 @@
 # limit and its own log under $OUT, so a step that fails or runs long loses nothing else.
 # `python3 -P`: the repository root must not shadow the installed tvmamp (its subpackages are
 # mapped from relay_passes/, schedules/ and targets/).
-# Usage (device tool): bash bench/device/run.sh [steps], steps from: gpu cuda cpu1 cpu4 cpu16 avx512 amx
+# Usage (device tool): bash bench/device/run.sh [steps], steps from: gpu cuda cpu1 cpu4 cpu16 avx512 amx suite
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/device_out}
@@ -56,12 +56,18 @@ for s in $steps; do
     cpu4) cpu 4 ;;
     cpu16) cpu 16 ;;
     avx512) grep -q amx_tile /proc/cpuinfo && cpu 1 cpu_avx512_t1 vdpbf16ps ;;
+    suite) # the CPU tests on this host's CPU (AMX, avx512_fp16), the frontends' left out
+         TVM_NUM_THREADS=2 run suite 170 python3 -P -m pytest tests --ignore=tests/frontends \
+           -n 16 -v -p no:cacheprovider --timeout 150 -rf ;;
     amx) TVM_NUM_THREADS=1 run amx_blocking 240 python3 bench/bench_amx_blocking.py \
            --k-blocks 128,256,384,512,768,1024,4096 --n-blocks auto,64,128,256,512 ;;
   esac
 done
 echo; echo "=== summary (logs in \$OUT)"
 for f in "$OUT"/gpu_tests.log; do [ -f "$f" ] && tail -8 "$f"; done
+for f in "$OUT"/suite.log; do
+  [ -f "$f" ] && { grep -E "FAILED|ERROR" "$f" | head -40; grep -c PASSED "$f"; tail -3 "$f"; }
+done
 for f in "$OUT"/cuda_bench.log "$OUT"/cpu_*.log "$OUT"/amx_blocking.log; do
   [ -f "$f" ] && { echo "--- $(basename "$f")"; grep -E '^\| |^target|Error|error:' "$f" | grep -v -E '^\|---' | head -60; }
 done
