@@ -213,8 +213,9 @@ def divisible(extent, factor: int) -> bool:
 
 
 def param_buffers(sch: s_tir.Schedule) -> list[tirx.Buffer]:
-    """The buffers among the parameters of the function ``sch`` schedules."""
-    return [p for p in sch.mod["main"].params if isinstance(p, tirx.Buffer)]
+    """The buffers among the parameters of the function ``sch`` schedules (not its size vars:
+    in TVM 0.27 ``tirx.Buffer`` is ``tvm.ir.Var``, so ``isinstance`` admits those too)."""
+    return [p for p in sch.mod["main"].params if tirx.is_buffer_var(p)]
 
 
 def all_static(sch: s_tir.Schedule) -> bool:

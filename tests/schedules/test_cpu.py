@@ -437,3 +437,22 @@ def test_rule_schedules_do_not_print_the_function_into_errors():
     with pytest.raises(ScheduleError) as raised:
         sch.compute_inline(block)  # the function's output: refused
     assert "T.prim_func" not in str(raised.value) and "IR with diagnostic" not in str(raised.value)
+
+
+def test_param_buffers_leaves_out_size_vars():
+    """In TVM 0.27 ``tirx.Buffer`` is ``tvm.ir.Var``: a symbolic size parameter is no buffer."""
+    from tvm import s_tir
+
+    from tvmamp.schedules.cpu.common import param_buffers
+
+    @T.prim_func(private=True, s_tir=True)
+    def scale(a: T.handle, b: T.handle, n: T.int64):
+        A = T.match_buffer(a, (n, 8), "float32")
+        B = T.match_buffer(b, (n, 8), "float32")
+        for i, j in T.grid(n, 8):
+            with T.sblock("scale"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                B[vi, vj] = A[vi, vj] * T.float32(2)
+
+    sch = s_tir.Schedule(scale)
+    assert [str(b.dtype) for b in param_buffers(sch)] == ["float32", "float32"]
