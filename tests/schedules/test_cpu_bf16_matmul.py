@@ -14,7 +14,13 @@ from tvm.s_tir import TensorIntrin
 from tvm.target import Target
 
 from tvmamp.pipeline import legalize_passes
-from tvmamp.schedules.cpu import CPUMatmulBF16, common, cpu_schedule_passes, default_cpu_rules
+from tvmamp.schedules.cpu import (
+    CPUMatmulBF16,
+    bf16_matmul,
+    common,
+    cpu_schedule_passes,
+    default_cpu_rules,
+)
 from tvmamp.schedules.cpu.bf16_matmul import make_plan
 from tvmamp.schedules.cpu.common import row_block_tiles
 from tvmamp.schedules.x86 import bf16_intrin
@@ -104,6 +110,7 @@ def test_blocks_of_row_tiles_match_float64(rng, monkeypatch, cores, constant):
     """33 row tiles of 96 values, blocks of 3 (a 4.6 KB limit): each block walks every strip."""
     _needs_host("avx512_bf16")
     monkeypatch.setattr(common, "A_BLOCK_BYTES", 8 * 96 * 2 * 3)
+    monkeypatch.setattr(bf16_matmul, "ROWS_OUTSIDE_WEIGHT_BYTES", 0)  # strips walk the rows
     target = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": cores})
     a, b = _bf16(rng, (264, 96)), _bf16(rng, (96, 64))
     mod, exe = _compile(_gemm(264, 96, 64, b if constant else None), target)
@@ -112,6 +119,65 @@ def test_blocks_of_row_tiles_match_float64(rng, monkeypatch, cores, constant):
     vm = relax.VirtualMachine(exe, tvm.cpu())
     args = [tvm.runtime.tensor(a)] + ([] if constant else [tvm.runtime.tensor(b)])
     assert _rel_err(vm["main"](*args).numpy(), a.astype("float64") @ b.astype("float64")) <= 1e-2
+
+
+@pytest.mark.parametrize(
+    ("m", "k", "n", "rows_outside"),
+    [
+        (512, 128, 512, True),  # training's weight-gradient GEMM: a 128 KiB packed weight
+        (1000, 37, 999, True),
+        (512, 256, 1024, True),  # a 512 KiB weight: the most that fits
+        (512, 258, 1024, False),
+        (256, 1024, 1024, False),  # 2 MiB: each weight strip walks all row tiles
+        (128, 128, 512, False),  # a 256 KiB output: it stays in cache
+        (4, 128, 512, False),  # a GEMV
+    ],
+)
+def test_row_tiles_walk_a_small_weight_for_an_output_sized_epilogue_operand(m, k, n, rows_outside):
+    config = CPUMatmulBF16.Config()
+    assert make_plan([1, m, n, k], config, output_operand=True).rows_outside == rows_outside
+    assert not make_plan([1, m, n, k], config).rows_outside  # no such operand: strips
+
+
+def _update_gemm(m: int, k: int, n: int, weight: np.ndarray | None) -> tvm.IRModule:
+    """``p - 0.5 * (x[m, k] @ w[k, n])``, an fp32 ``p`` read by the epilogue (an SGD update)."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((m, k), "bfloat16"))
+    w = relax.Var("w", relax.TensorType((k, n), "bfloat16"))
+    p = relax.Var("p", relax.TensorType((m, n), "float32"))
+    with bb.function("main", [x, w, p]):
+        with bb.dataflow():
+            grad = bb.emit(relax.op.matmul(x, w, out_dtype="float32"))
+            step = relax.op.multiply(grad, relax.const(0.5, "float32"))
+            out = bb.emit_output(relax.op.subtract(p, step))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    if weight is not None:
+        mod["main"] = mod["main"].bind_params({"w": relax.const(weight, "bfloat16")})
+    return mod
+
+
+@pytest.mark.parametrize("cores", [1, 2])
+@pytest.mark.parametrize("constant", [True, False], ids=["const_w", "runtime_w"])
+def test_row_tiles_outside_with_an_epilogue_operand_match_float64(
+    rng, monkeypatch, cores, constant
+):
+    """3003 rows (429 row tiles of 7) walk a 70 x 45 weight, fused with an fp32 update."""
+    _needs_host("avx512_bf16")
+    target = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": cores})
+    plans = []
+    monkeypatch.setattr(
+        bf16_matmul, "make_plan", lambda *a: plans.append(make_plan(*a)) or plans[-1]
+    )
+    a, b = _bf16(rng, (3003, 70)), _bf16(rng, (70, 45))
+    p = rng.standard_normal((3003, 45)).astype("float32")
+    _, exe = _compile(_update_gemm(3003, 70, 45, b if constant else None), target)
+    assert [plan.rows_outside for plan in plans] == [True]
+    vm = relax.VirtualMachine(exe, tvm.cpu())
+    args = [tvm.runtime.tensor(a), *([] if constant else [tvm.runtime.tensor(b)])]
+    out = vm["main"](*args, tvm.runtime.tensor(p)).numpy()
+    ref = p - 0.5 * (a.astype("float64") @ b.astype("float64"))
+    assert _rel_err(out, ref) <= 1e-6
 
 
 @pytest.mark.parametrize(("k", "loops"), [(96, [6, 2, 8]), (40, [2, 20]), (16, [2, 8])])
