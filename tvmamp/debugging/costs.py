@@ -31,6 +31,8 @@ from tvmamp.pipeline import run_front_phases
 # The pass of tvmamp.pipeline.compile_converted that runs phases 3-5 (schedules to VM code).
 LOWER_PASS = "tvmamp.Lower"
 _BINARY = (tirx.Add, tirx.Sub, tirx.Mul, tirx.Div, tirx.Min, tirx.Max, tirx.FloorDiv)
+# a float comparison is one FLOP, as the max of TVM's ReLU was: relu(x) = x < 0 ? 0 : x
+_COMPARISONS = (tirx.LT, tirx.LE, tirx.GT, tirx.GE, tirx.EQ, tirx.NE)
 _MATH = frozenset(
     "tirx." + name
     for name in (
@@ -54,13 +56,18 @@ def expr_flops(expr, seen: set | None = None) -> int:
     in each of its terms by TE inlining) is counted once, as the compiled code computes it.
     """
     seen = set() if seen is None else seen
-    if isinstance(expr, (_BINARY, tvm.ir.expr.Call, tirx.Cast, tirx.Broadcast, tirx.Select)):
+    if isinstance(
+        expr, (*_BINARY, *_COMPARISONS, tvm.ir.expr.Call, tirx.Cast, tirx.Broadcast, tirx.Select)
+    ):
         key = tvm_ffi.structural_hash(expr)
         if key in seen:
             return 0
         seen.add(key)
     if isinstance(expr, _BINARY):
         own = _lanes(expr) if _is_float(expr.ty.dtype) else 0
+        return own + expr_flops(expr.a, seen) + expr_flops(expr.b, seen)
+    if isinstance(expr, _COMPARISONS):
+        own = _lanes(expr) if _is_float(expr.a.ty.dtype) else 0
         return own + expr_flops(expr.a, seen) + expr_flops(expr.b, seen)
     if isinstance(expr, tvm.ir.expr.Call):
         name = expr.op.name if isinstance(expr.op, tvm.ir.Op) else ""
@@ -73,7 +80,7 @@ def expr_flops(expr, seen: set | None = None) -> int:
     if isinstance(expr, tirx.Select):
         parts = (expr.condition, expr.true_value, expr.false_value)
         return sum(expr_flops(e, seen) for e in parts)
-    return 0  # loads, immediates, variables, comparisons on indices
+    return 0  # loads, immediates, variables
 
 
 def _lanes(expr) -> int:
