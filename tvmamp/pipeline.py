@@ -31,7 +31,7 @@ from tvm import relax
 
 from tvmamp.conversion import Converted
 from tvmamp.executable import Executable
-from tvmamp.relay_passes.low_reductions import LEGALIZE_MAP
+from tvmamp.relay_passes import low_reductions, nan_ops
 from tvmamp.relay_passes.size_params import SizeParamsAsShapes
 from tvmamp.relay_passes.symbolic_order import OrderShapeDefinitions
 
@@ -73,9 +73,14 @@ def legalize_passes(target=None, entry=None) -> list:
     ``legalize_rules`` over them), fold constants, fuse the kernels (with the target entry's
     ``fusion_passes`` between grouping the ops and fusing their TIR)."""
     fusion = entry.fusion_passes(target) if entry is not None else []
-    rules = {**LEGALIZE_MAP, **(entry.legalize_rules(target) if entry is not None else {})}
+    rules = {
+        **low_reductions.LEGALIZE_MAP,
+        **nan_ops.LEGALIZE_MAP,
+        **(entry.legalize_rules(target) if entry is not None else {}),
+    }
     return [
-        relax.transform.LegalizeOps(rules),  # low reductions add up in fp32
+        # low reductions add up in fp32; ReLU, clip, maximum and minimum keep NaN
+        relax.transform.LegalizeOps(rules),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),
         relax.transform.FuseOps(),
