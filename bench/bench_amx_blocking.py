@@ -90,20 +90,6 @@ def load_ceilings() -> list[tuple[str, float]] | None:
     return [(label, rate) for (label, _, _), rate in zip(_PLACEMENTS, rates)]
 
 
-def _gemm_module(m: int, k: int, n: int):
-    """``x[m, k] @ W[k, n]`` (bf16 in, fp32 out), both operands inputs."""
-    from tvm import relax
-
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((m, k), "bfloat16"))
-    w = relax.Var("w", relax.TensorType((k, n), "bfloat16"))
-    with bb.function("main", [x, w]):
-        with bb.dataflow():
-            out = bb.emit_output(relax.op.matmul(x, w, out_dtype="float32"))
-        bb.emit_func_output(out)
-    return bb.get()
-
-
 def build(job: tuple) -> tuple:
     """Build one GEMM with its AMX plan forced to ``(n_block, k_block)``; export it to ``path``.
 
@@ -112,6 +98,7 @@ def build(job: tuple) -> tuple:
     """
     shape, n_block, k_block, mcpu, path = job
     import tvm
+    from bench_cpu_bf16 import _gemm_module  # bench/ is on sys.path, in the workers too
 
     from tvmamp.pipeline import legalize_passes
     from tvmamp.schedules.cpu import bf16_amx, cpu_schedule_passes
@@ -134,7 +121,7 @@ def build(job: tuple) -> tuple:
     try:
         with target:
             mod = tvm.transform.Sequential([*legalize_passes(), *cpu_schedule_passes(target)])(
-                _gemm_module(*shape)
+                _gemm_module(*shape, None)
             )
     finally:
         bf16_amx.plan_for = automatic
