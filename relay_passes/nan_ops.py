@@ -51,7 +51,7 @@ def _isnan(x: te.Tensor) -> te.Tensor:
 
 def _keeping_nan(extremum):
     """``extremum(a, b)`` (TVM's broadcasting ``maximum``/``minimum``), but a NaN operand is
-    the result; a scalar constant operand is not checked (it is not NaN)."""
+    the result; a scalar constant operand (``clamp``'s bound) is not checked."""
 
     def compute(a, b):
         out = extremum(a, b)

@@ -224,10 +224,11 @@ MIN_SHORTER_ACCUMULATORS = 14
 # and writes the result row after row, where a weight strip reads a 64-byte column of every row
 # of them, each a cache miss the prefetchers do not foresee. That is training's weight-gradient
 # GEMM, fused with the SGD update of the fp32 weight. Zen5, one thread, paired, the O2 step of
-# 9 x Linear(512), batch 128 (K = 128): 6.10 -> 5.47, 5.29 -> 5.16, 6.31 -> 5.64 ms; batch 256:
-# 9.10 -> 8.65, 9.03 -> 8.65; Linear(1024): 22.95 -> 20.34, 22.38 -> 20.18. Inference GEMMs
-# with a small weight and no such operand (1x1 convs, attention) ran 2-14 % slower walking rows
-# (ResNet-50, MobileNetV2, DenseNet-121, ShuffleNet, BERT), so they keep the strips.
+# 9 x Linear(512), batch 128 (K = 128): 4.96 -> 4.72, 5.06 -> 4.81, 4.77 -> 4.59 ms; batch 256:
+# 8.97 -> 8.56; Linear(1024): 21.88 -> 20.34; two threads: 3.70 -> 3.33. With every GEMM of a
+# small weight walking rows, whole inference models at O2 ran 1.5-14 % slower (ResNet-50,
+# MobileNetV2, DenseNet-121, ShuffleNet, BERT, ViT-S): their 1x1 convs and attention GEMMs,
+# which have no such operand, keep the strips.
 ROWS_OUTSIDE_WEIGHT_BYTES = 512 << 10
 ROWS_OUTSIDE_OUTPUT_BYTES = 512 << 10
 
@@ -537,8 +538,8 @@ def _parallel_outer(sch: s_tir.Schedule, block: SBlockRV, target: Target) -> Non
 def tile(sch: s_tir.Schedule, main: SBlockRV, plan: Plan, rows_outside: bool = False) -> tuple:
     """Order the loops ``(S * J / tj, I / ti, K / 2, ti, tj / 16, 16, 2)``; with
     ``rows_outside``, ``(S * I / ti, J / tj, ...)`` (a row block walks all its column tiles, as
-    the merged scores and softmax of :mod:`.bf16_softmax` need, and as a plan whose weight is
-    small asks, :func:`make_plan`). An ``A`` larger than
+    the merged scores and softmax of :mod:`.bf16_softmax` need, and as :func:`make_plan` asks
+    for an epilogue that reads an output-sized operand). An ``A`` larger than
     :data:`.common.A_BLOCK_BYTES` adds a serial loop over blocks of row tiles outermost
     (:func:`.common.row_block_tiles`).
 
