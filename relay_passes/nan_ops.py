@@ -5,7 +5,7 @@ TVM legalizes these ops with ``max``/``min``, which LLVM lowers to ``maxnum``/``
 is 0. A NaN that a model produces (an fp16 overflow turned into ``inf - inf`` by a norm, say)
 then vanishes at the next ReLU, and the output is finite and wrong where torch's is NaN: a conv
 over an image with two NaN pixels, then a ReLU, gave 144 NaN in torch and none in TVM. In
-training the loss stays finite, so dynamic loss scaling does not skip the step.
+training the loss can stay finite, and then dynamic loss scaling does not skip the step.
 
 :data:`LEGALIZE_MAP`, given to ``LegalizeOps``, computes them with selects on comparisons that
 a NaN fails: ``relu(x) = x < 0 ? 0 : x``, ``clip(x, lo, hi) = x < lo ? lo : x > hi ? hi : x``,
