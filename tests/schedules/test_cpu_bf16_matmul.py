@@ -110,7 +110,6 @@ def test_blocks_of_row_tiles_match_float64(rng, monkeypatch, cores, constant):
     """33 row tiles of 96 values, blocks of 3 (a 4.6 KB limit): each block walks every strip."""
     _needs_host("avx512_bf16")
     monkeypatch.setattr(common, "A_BLOCK_BYTES", 8 * 96 * 2 * 3)
-    monkeypatch.setattr(bf16_matmul, "ROWS_OUTSIDE_WEIGHT_BYTES", 0)  # strips walk the rows
     target = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": cores})
     a, b = _bf16(rng, (264, 96)), _bf16(rng, (96, 64))
     mod, exe = _compile(_gemm(264, 96, 64, b if constant else None), target)
