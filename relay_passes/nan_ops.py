@@ -8,8 +8,9 @@ over an image with two NaN pixels, then a ReLU, gave 144 NaN in torch and none i
 training the loss can stay finite, and then dynamic loss scaling does not skip the step.
 
 :data:`LEGALIZE_MAP`, given to ``LegalizeOps``, computes them with selects on comparisons that
-a NaN fails: ``relu(x) = x < 0 ? 0 : x``, ``clip(x, lo, hi) = x < lo ? lo : x > hi ? hi : x``,
-and ``maximum``/``minimum`` return a NaN operand itself. Integer ops keep TVM's rules.
+a NaN fails: ``relu(x) = x < 0 ? 0 : x``; ``clip`` raises to ``lo``, then lowers to ``hi``, the
+same way (all ``hi`` where ``lo > hi``, as in numpy and ONNX); ``maximum``/``minimum`` return a
+NaN operand itself. Integer ops keep TVM's rules.
 Reductions (``max``, ``argmax``) and max pooling still skip NaN (docs/DEBUGGING.md).
 """
 
@@ -32,9 +33,9 @@ def _relu(x: te.Tensor) -> te.Tensor:
 def _clip(x: te.Tensor, lo, hi) -> te.Tensor:
     lo, hi = tirx.Cast(x.dtype, lo), tirx.Cast(x.dtype, hi)
 
-    def clipped(*i):
-        v = x(*i)
-        return tirx.Select(v < lo, lo, tirx.Select(v > hi, hi, v))
+    def clipped(*i):  # the lower bound first, as numpy and ONNX: all hi where lo > hi
+        raised = tirx.Select(x(*i) < lo, lo, x(*i))
+        return tirx.Select(raised > hi, hi, raised)
 
     return te.compute(x.shape, clipped, name="clip")
 

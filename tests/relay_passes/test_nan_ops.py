@@ -10,6 +10,7 @@ from tvm.script import ir as I
 from tvm.script import relax as R
 from tvm.script import tirx as T
 
+import tvmamp
 from tvmamp.relay_passes.nan_ops import LEGALIZE_MAP
 
 torch = pytest.importorskip("torch")
@@ -55,9 +56,10 @@ class Expected:
                 T.reads(x[v_i0, v_i1])
                 T.writes(clip[v_i0, v_i1])
                 clip[v_i0, v_i1] = T.Select(
-                    x[v_i0, v_i1] < T.bfloat16(0.0),
-                    T.bfloat16(0.0),
-                    T.Select(T.bfloat16(6.0) < x[v_i0, v_i1], T.bfloat16(6.0), x[v_i0, v_i1]),
+                    T.bfloat16(6.0)
+                    < T.Select(x[v_i0, v_i1] < T.bfloat16(0.0), T.bfloat16(0.0), x[v_i0, v_i1]),
+                    T.bfloat16(6.0),
+                    T.Select(x[v_i0, v_i1] < T.bfloat16(0.0), T.bfloat16(0.0), x[v_i0, v_i1]),
                 )
 
     @R.function
@@ -113,3 +115,16 @@ def test_maximum_and_minimum_return_a_nan_operand(rng, op, swap):
 def test_integer_ops_keep_tvms_rules(rng):
     a = rng.integers(-50, 50, (4, 9)).astype("int64")
     check_against_torch(lambda x: torch.maximum(F.relu(x), x.clamp(max=7)), a)
+
+
+def test_clip_with_bounds_the_wrong_way_round_gives_the_upper_one(rng):
+    """numpy and ONNX: all ``hi`` where ``lo > hi`` (TVM's rule gave ``lo``)."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((64,), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.clip(x, 1, -1))
+        bb.emit_func_output(out)
+    data = _with_nan_and_inf(rng, (64,))
+    got = tvmamp.build(bb.get(), "O0", "llvm -num-cores=1")(data)
+    np.testing.assert_array_equal(np.asarray(got), np.clip(data, 1, -1))
