@@ -128,3 +128,28 @@ def test_clip_with_bounds_the_wrong_way_round_gives_the_upper_one(rng):
     data = _with_nan_and_inf(rng, (64,))
     got = tvmamp.build(bb.get(), "O0", "llvm -num-cores=1")(data)
     np.testing.assert_array_equal(np.asarray(got), np.clip(data, 1, -1))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16"])
+def test_isnan_from_the_bits(dtype):
+    """NaN of either sign (x86 makes negative ones) and signalling NaN are NaN; infinities,
+    the largest finite value, zeros and subnormals are not."""
+    import ml_dtypes
+    from tvm import te
+
+    from tvmamp.relay_passes.nan_ops import isnan
+
+    wide = "float64" if dtype == "float64" else "float32"
+    specials = np.array([np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0, 1.5, -2.0], wide)
+    bits = {"float32": ("uint32", [0x7F800001, 0xFFC00000, 0x7F7FFFFF, 0x00000001])}
+    bits["float64"] = ("uint64", [0x7FF0000000000001, 0xFFF8000000000000, 0x7FEFFFFFFFFFFFFF, 1])
+    bits["bfloat16"] = bits["float32"]
+    kind, words = bits[dtype]
+    values = np.concatenate([specials, np.array(words, kind).view(wide)])
+    data = values.astype(ml_dtypes.bfloat16) if dtype == "bfloat16" else values
+    x = te.placeholder((len(data),), dtype, name="x")
+    out = te.compute(x.shape, lambda i: isnan(x(i)).astype("int8"), name="out")
+    func = tvm.compile(te.create_prim_func([x, out]), target="llvm")
+    got = tvm.runtime.empty((len(data),), "int8")
+    func(tvm.runtime.tensor(data), got)
+    np.testing.assert_array_equal(got.numpy(), np.isnan(data.astype(wide)).astype("int8"))
