@@ -72,12 +72,10 @@ def _broadcast_shape(a, b) -> list:
 
 def _at(operand, index: tuple, dtype: str):
     """``operand`` at the broadcast ``index``; a scalar as ``dtype``."""
+    if isinstance(operand, (int, float)):
+        return tirx.const(operand, dtype)
     if not isinstance(operand, te.Tensor):
-        return (
-            tirx.Cast(dtype, operand)
-            if not isinstance(operand, (int, float))
-            else (tirx.const(operand, dtype))
-        )
+        return tirx.Cast(dtype, operand)
     offset = len(index) - len(operand.shape)
     return operand(*(0 if _is_one(d) else index[offset + k] for k, d in enumerate(operand.shape)))
 
