@@ -21,6 +21,7 @@ from tvm import relax, te, tirx, topi
 
 from .bindings import bound_values, call_of, scalar_constant
 from .gemm_softmax import ROW_SOFTMAX
+from .nan_ops import isnan
 
 LOW_DTYPES = ("float16", "bfloat16")
 
@@ -77,14 +78,14 @@ def _exp_of(value):
     result = poly * tirx.reinterpret("float32", scale)
     result = tirx.Select(value < _EXP_MIN, tirx.const(0.0, "float32"), result)
     result = tirx.Select(value > _EXP_OVERFLOW, tirx.const(float("inf"), "float32"), result)
-    return tirx.Select(tirx.isnan(value), value, result)
+    return tirx.Select(isnan(value), value, result)
 
 
 def _erf(x):
     """TVM's ``fast_erf``, which clamps its input, with NaN kept NaN."""
     fast = topi.fast_erf(x)
     return te.compute(
-        x.shape, lambda *i: tirx.Select(tirx.isnan(x(*i)), x(*i), fast(*i)), name="erf_fast"
+        x.shape, lambda *i: tirx.Select(isnan(x(*i)), x(*i), fast(*i)), name="erf_fast"
     )
 
 
