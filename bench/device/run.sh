@@ -5,7 +5,7 @@
 # limit and its own log under $OUT, so a step that fails or runs long loses nothing else.
 # `python3 -P`: the repository root must not shadow the installed tvmamp (its subpackages are
 # mapped from relay_passes/, schedules/ and targets/).
-# Usage (device tool): bash bench/device/run.sh [steps], steps from: gpu cuda cpu1 cpu4 cpu16 avx512 amx suite
+# Usage (device tool): bash bench/device/run.sh [steps], steps from: gpu cuda cpu1 cpu4 cpu16 avx512 amx amxc suite
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/device_out}
@@ -61,6 +61,9 @@ for s in $steps; do
            -n 16 -v -p no:cacheprovider --timeout 150 -rf ;;
     amx) TVM_NUM_THREADS=1 run amx_blocking 240 python3 bench/bench_amx_blocking.py \
            --k-blocks 128,256,384,512,768,1024,4096 --n-blocks auto,64,128,256,512 ;;
+    amxc) # whole GEMMs in C from the AMX tile step, in several loop orders: no TVM
+         TVM_NUM_THREADS=1 run amx_loop_orders 100 python3 bench/bench_amx_blocking.py \
+           --loop-orders ;;
   esac
 done
 echo; echo "=== summary (logs in \$OUT)"
@@ -70,4 +73,7 @@ for f in "$OUT"/suite.log; do
 done
 for f in "$OUT"/cuda_bench.log "$OUT"/cpu_*.log "$OUT"/amx_blocking.log; do
   [ -f "$f" ] && { echo "--- $(basename "$f")"; grep -E '^\| |^target|Error|error:' "$f" | grep -v -E '^\|---' | head -60; }
+done
+for f in "$OUT"/amx_loop_orders.log; do
+  [ -f "$f" ] && { echo "--- $(basename "$f")"; grep -E '^\| |AMX|peak|register-only|loop orders|wrong|Error|error:' "$f" | grep -v -E '^\|---' | head -100; }
 done
