@@ -98,6 +98,16 @@ CPU_LEVELS = (
     "x86-64-v2",
     "x86-64",
 )
+INTEL, AMD = "GenuineIntel", "AuthenticAMD"
+# The vendor of each vendor-specific model of CPU_LEVELS (the x86-64 levels are neutral). A host
+# is given its own vendor's models only: an Intel Xeon whose AMX the hypervisor hides fits
+# znver5's features, but LLVM's znver5 model tunes for AMD's pipelines, and the bf16 rules
+# choose kernels by vendor (schedules/cpu/bf16_common.bf16_dot_at_half_rate).
+CPU_LEVEL_VENDORS = {
+    **dict.fromkeys(("graniterapids", "sapphirerapids", "cooperlake", "icelake-server"), INTEL),
+    **dict.fromkeys(("skylake-avx512", "haswell"), INTEL),
+    **dict.fromkeys(("znver5", "znver4", "znver3", "znver2"), AMD),
+}
 
 GUARD_MESSAGE = (
     "tvmamp: this code was compiled for target '{target}', which uses CPU features this machine "
@@ -107,17 +117,36 @@ GUARD_MESSAGE = (
 )
 
 
-def cpuinfo_flags() -> set[str] | None:
-    """The ``flags`` line of /proc/cpuinfo (the kernel hides what the OS cannot run); None if
-    there is no /proc/cpuinfo."""
+def _cpuinfo_field(key: str) -> str | None:
+    """The value of the first ``key`` line of /proc/cpuinfo; None without it."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
+                name, _, value = line.partition(":")
+                if name.strip() == key:
+                    return value.strip()
     except OSError:
         return None
     return None
+
+
+def cpuinfo_flags() -> set[str] | None:
+    """The ``flags`` line of /proc/cpuinfo (the kernel hides what the OS cannot run); None if
+    there is no /proc/cpuinfo."""
+    flags = _cpuinfo_field("flags")
+    return None if flags is None else set(flags.split())
+
+
+def cpuinfo_vendor() -> str | None:
+    """The ``vendor_id`` of /proc/cpuinfo (:data:`INTEL`, :data:`AMD`, ...); None without it."""
+    return _cpuinfo_field("vendor_id")
+
+
+def vendor_levels(vendor: str | None) -> tuple[str, ...]:
+    """:data:`CPU_LEVELS` without the models of vendors other than ``vendor`` (all for None)."""
+    if vendor is None:
+        return CPU_LEVELS
+    return tuple(c for c in CPU_LEVELS if CPU_LEVEL_VENDORS.get(c, vendor) == vendor)
 
 
 def physical_cores() -> int:
@@ -189,9 +218,10 @@ def cpu_level_features(cpu: str) -> tuple[str, ...]:
     return _llvm_features(str(tvm.target.Target({"kind": "llvm", "mcpu": cpu})))
 
 
-def suggest_cpu(host: frozenset[str]) -> str:
-    """The newest of :data:`CPU_LEVELS` whose features are all in ``host``."""
-    for cpu in CPU_LEVELS:
+def suggest_cpu(host: frozenset[str], vendor: str | None = None) -> str:
+    """The newest of :data:`CPU_LEVELS` of ``vendor`` (any vendor for None) whose features are
+    all in ``host``."""
+    for cpu in vendor_levels(vendor):
         if set(cpu_level_features(cpu)) <= host:
             return cpu
     return "x86-64"
@@ -212,7 +242,7 @@ def describe_target(target: tvm.target.Target) -> str:
 def missing_message(target: str, missing, host: frozenset[str]) -> str:
     """The guard's error message (the C guard in exported libraries prints the same)."""
     return GUARD_MESSAGE.format(
-        target=target, missing=", ".join(missing), suggest=suggest_cpu(host)
+        target=target, missing=", ".join(missing), suggest=suggest_cpu(host, cpuinfo_vendor())
     )
 
 

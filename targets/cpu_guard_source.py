@@ -13,6 +13,7 @@ import json
 import tvm
 
 from .cpu_features import (
+    CPU_LEVEL_VENDORS,
     CPU_LEVELS,
     FEATURES,
     GUARD_MESSAGE,
@@ -68,6 +69,7 @@ const int kNumFeatures = sizeof(kFeatures) / sizeof(kFeatures[0]);
 struct Level {{
   const char* cpu;
   uint64_t mask;
+  const char* vendor;  // "" for the vendor-neutral x86-64 levels
 }};
 const Level kLevels[] = {{
 {levels}
@@ -150,8 +152,27 @@ void Names(uint64_t mask, char* out, size_t cap) {{
   }}
 }}
 
+// The CPUID vendor string ("GenuineIntel", "AuthenticAMD"), "" where unknown.
+void Vendor(char out[13]) {{
+  out[0] = '\0';
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned r[4];
+  if (__get_cpuid(0, &r[0], &r[1], &r[2], &r[3])) {{
+    memcpy(out, &r[1], 4);
+    memcpy(out + 4, &r[3], 4);
+    memcpy(out + 8, &r[2], 4);
+    out[12] = '\0';
+  }}
+#endif
+}}
+
+// The newest level of the host's vendor (or vendor-neutral) whose features the host has.
 const char* Suggest(uint64_t host) {{
+  char vendor[13];
+  Vendor(vendor);
   for (int i = 0; i < kNumLevels; ++i) {{
+    const char* own = kLevels[i].vendor;
+    if (own[0] && vendor[0] && strcmp(own, vendor) != 0) continue;
     if ((kLevels[i].mask & host) == kLevels[i].mask) return kLevels[i].cpu;
   }}
   return "x86-64";
@@ -205,7 +226,9 @@ def guard_source(target: tvm.target.Target) -> str:
         for f in FEATURES
     )
     levels = (
-        f'    {{"{cpu}", {feature_mask(cpu_level_features(cpu)):#x}ull}},' for cpu in CPU_LEVELS
+        f'    {{"{cpu}", {feature_mask(cpu_level_features(cpu)):#x}ull, '
+        f'"{CPU_LEVEL_VENDORS.get(cpu, "")}"}},'
+        for cpu in CPU_LEVELS
     )
     message = GUARD_MESSAGE.replace("%", "%%").format(target="%s", missing="%s", suggest="%s")
     return _SOURCE.format(

@@ -12,11 +12,12 @@ import tvm
 from tvm.target import codegen
 
 from .cpu_features import (
-    CPU_LEVELS,
     cpu_level_features,
     cpuinfo_flags,
+    cpuinfo_vendor,
     host_cpu_features,
     physical_cores,
+    vendor_levels,
 )
 from .cpu_guard import guard_passes
 from .llvm_lowering import register_math_lowering, tir_pipeline
@@ -40,14 +41,17 @@ def host_cpu() -> str:
     TVM's ``mcpu=native`` silently becomes generic in this LLVM, and LLVM's own host detection
     can name an older CPU under virtualisation, so we pick the newest known CPU whose features
     (:data:`cpu_features.FEATURES`) are all present on this host (``host_cpu_features``, read
-    from ``/proc/cpuinfo``). Code built for it passes the CPU feature guard on this host.
+    from ``/proc/cpuinfo``), among the models of the host's vendor
+    (:data:`cpu_features.CPU_LEVEL_VENDORS`). Code built for it passes the CPU feature guard on
+    this host.
     """
     host = host_cpu_features()
     system = codegen.llvm_get_system_cpu()
     if host is None:
         return system
-    for cpu in (system, *CPU_LEVELS):
-        if _cpu_fits(cpu, host) and _covers(cpu, host, system):
+    levels = vendor_levels(cpuinfo_vendor())
+    for cpu in (system, *levels):
+        if _cpu_fits(cpu, host) and _covers(cpu, host, system, levels):
             return cpu
     return system
 
@@ -56,11 +60,12 @@ def _cpu_fits(cpu: str, host: frozenset[str]) -> bool:
     return set(cpu_level_features(cpu)) <= host
 
 
-def _covers(cpu: str, host: frozenset[str], system: str) -> bool:
-    """The system CPU is taken only if no candidate offers more of the host's features."""
+def _covers(cpu: str, host: frozenset[str], system: str, levels: tuple[str, ...]) -> bool:
+    """The system CPU is taken only if no candidate of ``levels`` offers more of the host's
+    features."""
     if cpu != system:
         return True
-    fitting = (len(cpu_level_features(c)) for c in CPU_LEVELS if _cpu_fits(c, host))
+    fitting = (len(cpu_level_features(c)) for c in levels if _cpu_fits(c, host))
     return len(cpu_level_features(system)) >= max(fitting, default=0)
 
 

@@ -26,6 +26,7 @@ from tvmamp.targets.cpu_features import (
     GUARD_MESSAGE,
     check_cpu_features,
     cpu_level_features,
+    cpuinfo_vendor,
     host_cpu_features,
     suggest_cpu,
     target_cpu_features,
@@ -66,7 +67,9 @@ def small_net():
 
 def expected_message(cpu, missing):
     return GUARD_MESSAGE.format(
-        target=f"llvm -mcpu={cpu}", missing=", ".join(missing), suggest=suggest_cpu(_host())
+        target=f"llvm -mcpu={cpu}",
+        missing=", ".join(missing),
+        suggest=suggest_cpu(_host(), cpuinfo_vendor()),
     )
 
 

@@ -46,6 +46,44 @@ def test_host_cpu_has_the_hosts_vector_features():
         assert has(["avx2"], cpu)
 
 
+_NO_AMX = {"amx-bf16", "amx-tile", "amx-int8", "amx-fp16", "amx-complex"}
+
+
+@pytest.mark.parametrize(
+    "system,vendor,hidden,expected",
+    [
+        # an Intel Xeon whose hypervisor hides AMX: before, znver5 (an AMD model)
+        ("emeraldrapids", "GenuineIntel", _NO_AMX, "cooperlake"),
+        ("sapphirerapids", "GenuineIntel", _NO_AMX, "cooperlake"),
+        ("sapphirerapids", "GenuineIntel", set(), "sapphirerapids"),
+        ("znver5", "AuthenticAMD", set(), "znver5"),
+        ("znver4", "AuthenticAMD", {"avx512bf16"}, "znver3"),
+    ],
+)
+def test_host_cpu_is_a_model_of_the_hosts_vendor(monkeypatch, system, vendor, hidden, expected):
+    from tvmamp.targets import llvm
+    from tvmamp.targets.cpu_features import cpu_level_features
+
+    host = frozenset(cpu_level_features(system)) - set(hidden)
+    monkeypatch.setattr(llvm, "host_cpu_features", lambda: host)
+    monkeypatch.setattr(llvm, "cpuinfo_vendor", lambda: vendor, raising=False)
+    monkeypatch.setattr(llvm.codegen, "llvm_get_system_cpu", lambda: system)
+    host_cpu.cache_clear()
+    try:
+        assert host_cpu() == expected
+    finally:
+        host_cpu.cache_clear()  # the real host's, for the tests after this one
+
+
+def test_the_rebuild_suggestion_is_a_model_of_the_hosts_vendor():
+    from tvmamp.targets.cpu_features import cpu_level_features, suggest_cpu
+
+    intel = frozenset(cpu_level_features("emeraldrapids")) - _NO_AMX
+    assert suggest_cpu(intel, "GenuineIntel") == "cooperlake"
+    assert suggest_cpu(frozenset(cpu_level_features("znver4")), "AuthenticAMD") == "znver4"
+    assert suggest_cpu(intel) == "znver5"  # vendor unknown: any model that fits
+
+
 @pytest.mark.parametrize(
     "spec,arch",
     [
