@@ -1,11 +1,11 @@
-"""bf16 on the CPU: tvmamp's vdpbf16ps / AMX kernels against torch (oneDNN), same run.
+"""bf16 on the CPU: tvmamp's vdpbf16ps / AMX / fp32-FMA kernels against torch (oneDNN), same run.
 
 Measures the hardware peaks with tiny C loops compiled by gcc here (fp32 FMA, vdpbf16ps, AMX
 tdpbf16ps), then GEMMs, SimpleNet (batch 256 and 1) and a conv net, each timed interleaved with
 its comparisons (``tvmamp.benchmark.paired_medians``).
 
 Run: TVM_NUM_THREADS=1 python bench/bench_cpu_bf16.py [--threads 1] [--skip-large]
-[--only gemm|simplenet|convnet] [--shapes 1024x1024x1024,128x768x3072]
+[--only gemm|simplenet|convnet] [--shapes 1024x1024x1024,128x768x3072] [--mcpu cooperlake]
 """
 
 from __future__ import annotations
@@ -85,8 +85,19 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--skip-large", action="store_true", help="skip the 4096^3 GEMM")
-    parser.add_argument("--kernel", choices=("auto", "vdpbf16ps"), default="auto")
+    parser.add_argument(
+        "--kernel",
+        choices=("auto", "vdpbf16ps"),
+        default="auto",
+        help="vdpbf16ps: AMX off, the kernels of an avx512_bf16 CPU without AMX (on Intel, "
+        "GEMMs of 8 rows or more then take fp32 FMAs: vdpbf16ps runs at half their rate)",
+    )
     parser.add_argument("--only", choices=SECTIONS, help="run one section (default: all)")
+    parser.add_argument(
+        "--mcpu",
+        help="compile for this LLVM CPU instead of the host's (one the host can run: "
+        "cooperlake measures Intel's avx512_bf16 path without AMX on an AMD host)",
+    )
     parser.add_argument(
         "--shapes",
         help="GEMM shapes m x k x n, comma-separated (e.g. 1024x1024x1024,128x768x3072); "
@@ -101,7 +112,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    target = _target(args.threads, args.kernel)
+    target = _target(args.threads, args.kernel, args.mcpu)
     print(f"\ntarget: {target}\n")
     sections = {
         "gemm": lambda: bench_gemms(target, args, peaks),
@@ -112,13 +123,14 @@ def main() -> None:
         sections[name]()
 
 
-def _target(threads: int, kernel: str):
-    """The host target; ``kernel="vdpbf16ps"`` turns AMX off to measure the AVX-512 kernels."""
+def _target(threads: int, kernel: str, mcpu: str | None = None):
+    """The host target (or ``mcpu``'s); ``kernel="vdpbf16ps"`` turns AMX off to measure the
+    kernels of an avx512_bf16 CPU without AMX."""
     import tvm
 
     from tvmamp.targets.llvm import host_cpu
 
-    spec = {"kind": "llvm", "mcpu": host_cpu(), "num-cores": threads}
+    spec = {"kind": "llvm", "mcpu": mcpu or host_cpu(), "num-cores": threads}
     if kernel == "vdpbf16ps":
         spec["mattr"] = ["-amx-bf16", "-amx-tile"]
     return tvm.target.Target(spec)
@@ -148,10 +160,14 @@ def bench_gemms(target, args, peaks: dict[str, float]) -> None:
         shapes.insert(1, (4096, 4096, 4096))
     if args.shapes:
         shapes = [tuple(int(d) for d in s.split("x")) for s in args.shapes.split(",")]
-    # the AMX peak is 0 where the host has no AMX: the kernels are the vdpbf16ps ones then
-    amx = args.kernel == "auto" and peaks.get("AMX tdpbf16ps", 0) > 0
+    from tvmamp.schedules.cpu.bf16_common import bf16_dot_at_half_rate, has_amx_bf16
+
+    # the AMX peak is 0 where the host has no AMX: the kernels are the vdpbf16ps ones then, or
+    # fp32 FMAs on a CPU whose vdpbf16ps runs at half their rate (Intel's)
+    amx = has_amx_bf16(target) and peaks.get("AMX tdpbf16ps", 0) > 0
+    fma = not amx and bf16_dot_at_half_rate(target)
     # the C loops measure one core: the peak of ``threads`` cores is that many times it
-    peak = peaks["AMX tdpbf16ps" if amx else "vdpbf16ps"] * args.threads
+    peak = peaks["AMX tdpbf16ps" if amx else "fp32 FMA" if fma else "vdpbf16ps"] * args.threads
     print(
         "\n| GEMM m x k x n (bf16 in, fp32 out) | tvmamp GFLOP/s | torch bf16 GFLOP/s "
         "| tvmamp / torch | % of peak | rel err |\n|---|---|---|---|---|---|"

@@ -52,6 +52,22 @@ def has_amx_bf16(target: Target) -> bool:
         return False
 
 
+# LLVM's models of Intel's avx512_bf16 cores. Their vdpbf16ps does half the FLOPs a cycle of their
+# fp32 FMAs: Emerald Rapids ran the C loops of bench_cpu_bf16.py at 83-86 GFLOP/s against
+# 172-176 on one core (BENCHMARKS.md, 2026-11-27), where Zen5 runs 558 against 280. ``cooperlake``
+# is also the model targets/llvm.host_cpu picks for any Intel avx512_bf16 host whose AMX is off.
+HALF_RATE_BF16_DOT_CPUS = frozenset(
+    ("cooperlake", "sapphirerapids", "emeraldrapids", "graniterapids", "graniterapids-d")
+)
+
+
+def bf16_dot_at_half_rate(target: Target) -> bool:
+    """Return whether the LLVM ``target``'s ``vdpbf16ps`` does half the FLOPs of its fp32 FMAs
+    (:data:`HALF_RATE_BF16_DOT_CPUS`), so bf16 widened to fp32 multiplies faster."""
+    mcpu = str(target.attrs.get("mcpu", "")) if target.kind.name == "llvm" else ""
+    return mcpu in HALF_RATE_BF16_DOT_CPUS and has_avx512bf16(target)
+
+
 def is_bf16_matmul(block: s_tir.SBlock) -> bool:
     """Return whether ``block`` reads two bf16 buffers and accumulates into fp32."""
     reads = [str(r.source.dtype) for r in block.reads]

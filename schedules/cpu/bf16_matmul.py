@@ -15,6 +15,7 @@ from tvm.tirx.analysis import undefined_vars
 
 from tvmamp.relay_passes.conv2d_im2col import GATHER_ATTR
 
+from ..guard import Guarded
 from ..x86 import bf16_intrin as intrin
 from . import bf16_amx as amx
 from . import prefetch
@@ -22,6 +23,7 @@ from .bf16_common import (
     PACK_PAIRS,
     PACK_PAIRS_T,
     PREPROC,
+    bf16_dot_at_half_rate,
     has_amx_bf16,
     has_avx512bf16,
     is_bf16_matmul,
@@ -45,6 +47,7 @@ from .common import (
     vectorize_tile,
     vectorize_whole_or_leave,
 )
+from .matmul import CPUMatmul
 from .matmul_analysis import find_matmul_block, iter_kinds, normalize
 
 
@@ -94,6 +97,11 @@ class CPUMatmulBF16(CPURule):
         amx_k_block : int
             AMX: reduction values (a multiple of 32) per kernel call; a longer ``K`` is cut
             into blocks that accumulate in memory.
+        fma_min_rows : int
+            On a CPU whose ``vdpbf16ps`` does half the FLOPs of its fp32 FMAs
+            (:func:`.bf16_common.bf16_dot_at_half_rate`: Intel's), a GEMM of at least this
+            many static rows that does not go to AMX is left to the generic rule, which widens
+            bf16 to fp32 and multiplies with FMAs (:meth:`CPUMatmulBF16.leaves_to_fma`).
         """
 
         tile_i: int = 8
@@ -104,6 +112,7 @@ class CPUMatmulBF16(CPURule):
         amx_min_rows: int = 8
         amx_n_block: int | None = None
         amx_k_block: int = 4096
+        fma_min_rows: int = 8
 
     # The generic rule (widen + FMA) schedules what this rule gives up on.
     DOES_NOT_FIT = (ScheduleError, tvm.error.InternalError)
@@ -123,12 +132,47 @@ class CPUMatmulBF16(CPURule):
     def apply(  # pylint: disable=missing-function-docstring
         self, func: tirx.PrimFunc, target: Target, _: bool
     ) -> s_tir.Schedule | None:
+        if self.leaves_to_fma(func, target):
+            return None
         return self.schedule_block(
             func,
             target,
             _bf16_gemm,
             lambda sch, main: schedule_matmul(sch, main, target, self.config),
         )
+
+    def leaves_to_fma(self, func: tirx.PrimFunc, target: Target) -> bool:
+        """Whether ``func``'s GEMM is left to the generic rule's fp32 FMAs: on a target whose
+        ``vdpbf16ps`` runs at half rate (:func:`.bf16_common.bf16_dot_at_half_rate`), a GEMM
+        that does not go to AMX, with at least ``fma_min_rows`` static rows (fewer: a GEMV,
+        bound by reading the weight, not by the multiplies), that is no conv's im2col GEMM
+        (the generic rule does not gather), and that the generic rule schedules.
+
+        Zen5 runs both paths at full rate; there (one thread, paired, BENCHMARKS.md "Intel
+        without AMX") the generic rule ran bf16 GEMMs of 128-1024 rows at 85-90 % of the fp32
+        FMA peak and of 8-16 rows at 53-59 %, this rule at 82-98 % and 35-86 % of the
+        ``vdpbf16ps`` peak. At Intel's peaks (FMA twice ``vdpbf16ps``) that makes the FMAs
+        1.3-2.1x faster from 8 rows; at 4 rows and fewer this rule stays ahead.
+        """
+        if not bf16_dot_at_half_rate(target):
+            return False
+        sch = s_tir.Schedule(func)
+        main = _bf16_gemm(sch)
+        if main is None or has_gather(sch):
+            return False
+        shared = shared_operands(sch, main)
+        try:
+            normalize(sch, main)
+            extents = gemm_extents(sch.get(main))
+        except (NotApplicable, *self.DOES_NOT_FIT):
+            return False
+        rows = extents[1]
+        if not isinstance(rows, int) or rows < self.config.fma_min_rows:
+            return False
+        if use_amx(target, extents, self.config) and 0 not in shared:
+            return False
+        # as the rule list runs it: a failure or an ill-formed result is "does not apply"
+        return Guarded(CPUMatmul()).apply(func, target, False) is not None
 
 
 def _bf16_gemm(sch: s_tir.Schedule) -> SBlockRV | None:
