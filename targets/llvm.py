@@ -186,8 +186,8 @@ def partition_passes(target: tvm.target.Target, _policy) -> list:
     - strided transposed convs as sub-pixel convs (no multiply-adds on the zeros of a dilated
       input), except the bf16 ones that the conv-to-GEMM pass runs as a GEMM plus col2im;
     - with avx512_bf16: bf16 convolutions as im2col + GEMM on NHWC rows (the bf16 GEMM
-      kernels), and ``x @ W.T`` on a run-time bf16 weight (a training step) reading ``W`` in
-      place;
+      kernels; not on Intel without AMX, :func:`convs_to_gemm`), and ``x @ W.T`` on a
+      run-time bf16 weight (a training step) reading ``W`` in place;
     - with avx512_bf16: the symbolic rows of a bf16 matmul (a MoE expert's tokens, a dynamic
       sequence) padded to whole row tiles, which the bf16 GEMM kernel needs to read them in
       place (``relay_passes/symbolic_rows.py``);
@@ -226,13 +226,25 @@ def partition_passes(target: tvm.target.Target, _policy) -> list:
     first += [GroupNormAsInstanceNorm(), SinkRowLayoutBelowMatmul()]
     if not has_bf16(target):
         return [*first, ConvTransposeToSubPixel(), DepthwisePlanes(), FastMath()]
-    gemm = Conv2dToGemm("bfloat16")
-    sub_pixel = ConvTransposeToSubPixel(leave=gemm.rewrites)  # what gemm runs on rows
     symbolic = PadSymbolicRows(CPUMatmulBF16.Config().tile_i)
-    rows = [sub_pixel, gemm, FuseWeightTranspose(), symbolic, DepthwisePlanes()]
+    if convs_to_gemm(target):
+        gemm = Conv2dToGemm("bfloat16")
+        sub_pixel = ConvTransposeToSubPixel(leave=gemm.rewrites)  # what gemm runs on rows
+        rows = [sub_pixel, gemm, FuseWeightTranspose(), symbolic, DepthwisePlanes()]
+    else:
+        rows = [ConvTransposeToSubPixel(), FuseWeightTranspose(), symbolic, DepthwisePlanes()]
     keys = PadAttentionKeys(lambda extents: merges_columns(target, extents))
     # FastMath last: activations are still ops on the rows
     return [*first, *rows, keys, FastMath()]
+
+
+def convs_to_gemm(target: tvm.target.Target) -> bool:
+    """Whether bf16 convs become im2col + GEMM on rows: with avx512_bf16, except on a CPU
+    without AMX whose ``vdpbf16ps`` runs at half the fp32 FMA rate (Intel's), where the conv
+    GEMM, its gather fused, would run on ``vdpbf16ps``; the direct conv's fp32 FMAs are faster."""
+    from tvmamp.schedules.cpu.bf16_common import bf16_dot_at_half_rate, has_amx_bf16
+
+    return has_bf16(target) and (has_amx_bf16(target) or not bf16_dot_at_half_rate(target))
 
 
 def legalize_rules(_target: tvm.target.Target) -> dict:
