@@ -149,8 +149,8 @@ class CPUMatmulBF16(CPURule):
         (the generic rule does not gather), and that the generic rule schedules.
 
         Zen5 runs both paths at full rate; there (one thread, paired, BENCHMARKS.md "Intel
-        without AMX") the generic rule ran bf16 GEMMs of 128-1024 rows at 85-90 % of the fp32
-        FMA peak and of 8-16 rows at 53-59 %, this rule at 82-98 % and 35-86 % of the
+        without AMX") the generic rule ran bf16 GEMMs of 128-1024 rows at 85-93 % of the fp32
+        FMA peak and of 8-16 rows at 53-62 %, this rule at 82-98 % and 35-86 % of the
         ``vdpbf16ps`` peak. At Intel's peaks (FMA twice ``vdpbf16ps``) that makes the FMAs
         1.3-2.1x faster from 8 rows; at 4 rows and fewer this rule stays ahead.
         """
