@@ -24,7 +24,7 @@ How it works, binding by binding (one pass, in program order):
   written in, at every level: FoldConstant folds them when their shape is static, and they are
   position and index arithmetic (RoPE angles, interpolation coordinates, masks) that bf16, which
   holds integers exactly only up to 256, would ruin. A consumer that mixes them with an
-  activation converts them like constants: they do not decide its dtype.
+  activation converts them like constants: they do not decide its dtype, but at O1 (see below).
 - Index values: a float computed by ``astype`` from an integer or bool tensor (positions from
   ``cumsum(mask) - 1``, counts, ``(ids > 0).float()``), and what an op computes from such values
   and input-free ones only, keep their written dtypes too (reason ``"index_values"``) until they
@@ -32,6 +32,10 @@ How it works, binding by binding (one pass, in program order):
   only those that do not accumulate join in (``outer``, ``prelu``, a ``matmul`` contracting a
   dimension of 1, as in ``inv_freq @ position_ids.float()``): a convolution of an image cast
   from uint8, or a GEMM of integer features, is the model's own compute and runs low.
+- At O1 (and auto) an fp32 tensor constant or input-free tensor (a bound parameter, a
+  position table) is an fp32 input of a follow op, as a parameter is in Paddle's O1 and in torch
+  autocast's type promotion: ``h * w + b`` of MobileBERT's NoNorm runs in fp32. A scalar (rank 0:
+  a Python number in those frameworks) converts for free and does not decide, at every level.
 - Constants (bound params included) are converted at compile time. The overflow guard follows
   each constant through ops that only move, repeat or select its values (permute_dims, reshape,
   broadcast_to, take, strided_slice, float casts, ...): an op that would take such a value in a
@@ -527,8 +531,14 @@ class _Rewriter(PyExprMutator):
         return self._nominal.get(expr) or tensor_dtype(expr)
 
     def _decision_dtypes(self, inputs):
-        """Nominal dtypes that decide follow/promote ops; constants convert for free."""
-        values = [e for e in inputs if not self._is_constant(e)] or inputs
+        """Nominal dtypes that decide follow/promote ops. Constants convert for free and do not
+        decide, except at O1 (and auto): there an fp32 tensor constant or input-free tensor (a
+        parameter, a position table) is an fp32 input, as a parameter is in Paddle's O1 and
+        torch autocast's type promotion; a scalar (rank 0, a number in those) is not."""
+        promote = self.policy.level in ("O1", "auto")
+        values = [
+            e for e in inputs if not self._is_constant(e) or (promote and _rank(e) != 0)
+        ] or inputs
         return [self._nominal_dtype(e) for e in values]
 
     def _name_of(self, expr):
@@ -931,3 +941,9 @@ def _replace_attr(attrs, **changes):
     values = {f.name: getattr(attrs, f.name) for f in info.fields}
     values.update(changes)
     return tvm.ir.make_node(info.type_key, **values)
+
+
+def _rank(expr) -> int | None:
+    """The rank of a tensor value (None: unknown)."""
+    ty = expr.ty
+    return ty.ndim if isinstance(ty, relax.TensorType) and ty.ndim >= 0 else None
