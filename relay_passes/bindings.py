@@ -1,8 +1,9 @@
 """Reading a Relax function's bindings, for the graph rewrites that match a few ops in a row.
 
-The rewrites (``FoldBatchNorm``, ``SimplifyMatmulBroadcast``, ``FuseRMSNorm``) look up what
-each var is bound to in the function as written, replace a value only when nothing else reads
-the values they fold away, and bind the new value in place of the old binding.
+The rewrites (``FoldBatchNorm``, ``SimplifyMatmulBroadcast``, ``FuseRMSNorm``,
+``FuseLayerNorm``) look up what each var is bound to in the function as written, replace a value
+only when nothing else reads the values they fold away, and bind the new value in place of the
+old binding.
 """
 
 from __future__ import annotations

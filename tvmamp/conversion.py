@@ -12,6 +12,7 @@ from tvm import relax
 from tvmamp.policy import Policy, check_dtype, check_level
 from tvmamp.relay_passes import AutoMixedPrecision
 from tvmamp.relay_passes.fold_batch_norm import FoldBatchNorm
+from tvmamp.relay_passes.layer_norm import FuseLayerNorm
 from tvmamp.relay_passes.matmul_broadcast import SimplifyMatmulBroadcast
 from tvmamp.relay_passes.rms_norm import FuseRMSNorm
 from tvmamp.relay_passes.take_to_slice import TakeToSlice
@@ -155,6 +156,7 @@ def convert(
     mod = TakeToSlice()(mod)  # x[i] is a slice, not an embedding lookup (black list)
     mod = SimplifyMatmulBroadcast()(mod)  # before FoldConstant can copy a weight per batch
     mod = FuseRMSNorm()(mod)  # written-out RMSNorms run as one fp32 (black list) op
+    mod = FuseLayerNorm()(mod)  # and written-out LayerNorms over the last axis
     mod = FoldBatchNorm(constant_names)(mod)  # inference batch norms into their convs' weights
     amp = AutoMixedPrecision(policy, keep_io_types=keep_io_types, constant_names=constant_names)
     converted = amp(mod)
