@@ -54,6 +54,31 @@ def rewrite_functions(mod, rewriter: PyExprMutator):
     return rewriter.builder_.get()
 
 
+def readers(func: relax.Function) -> dict:
+    """Var -> the binding vars whose values read it (None for the function's result)."""
+    found: dict = {}
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            for var in relax.analysis.free_vars(binding.value):
+                found.setdefault(var, set()).add(binding.var)
+    for var in relax.analysis.free_vars(func.body.body):
+        found.setdefault(var, set()).add(None)
+    return found
+
+
+def rewrite_matches(mod, rewriter: PyExprMutator):
+    """``mod`` with every Relax function visited by ``rewriter`` (a mutator built on ``mod``
+    that matches a few ops in a row), its ``values``, ``uses`` and ``readers`` those of the
+    function as written (:func:`bound_values`, :func:`use_counts`, :func:`readers`); the
+    bindings it left dead are removed."""
+    for gvar, func in mod.functions_items():
+        if isinstance(func, relax.Function) and isinstance(func.body, relax.SeqExpr):
+            rewriter.values, rewriter.uses = bound_values(func), use_counts(func)
+            rewriter.readers = readers(func)
+            rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
+    return relax.transform.DeadCodeElimination()(rewriter.builder_.get())
+
+
 def rebind(mutator: PyExprMutator, var: relax.Var, value: relax.Expr, name: str) -> None:
     """Bind ``value`` in place of ``var``'s binding: a new var named ``name`` that ``var``'s
     readers read, or ``var`` itself when it is a result of the dataflow block."""
@@ -67,8 +92,10 @@ def rebind(mutator: PyExprMutator, var: relax.Var, value: relax.Expr, name: str)
 __all__ = [
     "bound_values",
     "call_of",
+    "readers",
     "rebind",
     "rewrite_functions",
+    "rewrite_matches",
     "scalar_constant",
     "use_counts",
 ]

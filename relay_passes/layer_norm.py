@@ -25,7 +25,7 @@ from tvm.relax import PyExprMutator
 
 from tvmamp.tensors import static_shape, tensor_dtype
 
-from .bindings import bound_values, call_of, rebind, scalar_constant, use_counts
+from .bindings import call_of, rebind, rewrite_matches, scalar_constant
 
 _OPS = {
     name: tvm.ir.Op.get(f"relax.{name}")
@@ -39,25 +39,7 @@ class FuseLayerNorm:
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         """Rewrite every Relax function of ``mod``."""
-        rewriter = _Rewriter(mod)
-        for gvar, func in mod.functions_items():
-            if isinstance(func, relax.Function) and isinstance(func.body, relax.SeqExpr):
-                rewriter.values, rewriter.uses = bound_values(func), use_counts(func)
-                rewriter.readers = _readers(func)
-                rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
-        return relax.transform.DeadCodeElimination()(rewriter.builder_.get())
-
-
-def _readers(func: relax.Function) -> dict:
-    """Var -> the binding vars whose values read it (the function's result as None)."""
-    readers: dict = {}
-    for block in func.body.blocks:
-        for binding in block.bindings:
-            for var in relax.analysis.free_vars(binding.value):
-                readers.setdefault(var, set()).add(binding.var)
-    for var in relax.analysis.free_vars(func.body.body):
-        readers.setdefault(var, set()).add(None)
-    return readers
+        return rewrite_matches(mod, _Rewriter(mod))
 
 
 def _call(value, name: str) -> relax.Call | None:
@@ -66,11 +48,7 @@ def _call(value, name: str) -> relax.Call | None:
 
 @relax.expr_functor.mutator
 class _Rewriter(PyExprMutator):
-    def __init__(self, mod: tvm.IRModule):
-        super().__init__(mod)
-        self.values: dict = {}
-        self.uses: dict = {}
-        self.readers: dict = {}
+    """Its ``values``, ``uses`` and ``readers`` are set per function by ``rewrite_matches``."""
 
     def visit_var_binding_(self, binding: relax.VarBinding) -> None:
         norm = self._affine(binding.value) or self._deferred_core(binding)

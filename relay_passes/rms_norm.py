@@ -19,7 +19,7 @@ from tvm.relax import PyExprMutator
 
 from tvmamp.tensors import static_shape, tensor_dtype
 
-from .bindings import bound_values, call_of, rebind, scalar_constant, use_counts
+from .bindings import call_of, rebind, rewrite_matches, scalar_constant
 
 _OPS = {name: tvm.ir.Op.get(f"relax.{name}") for name in "multiply power mean add rsqrt".split()}
 
@@ -30,23 +30,7 @@ class FuseRMSNorm:
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         """Rewrite every Relax function of ``mod``."""
-        rewriter = _Rewriter(mod)
-        for gvar, func in mod.functions_items():
-            if isinstance(func, relax.Function) and isinstance(func.body, relax.SeqExpr):
-                rewriter.values, rewriter.uses = bound_values(func), use_counts(func)
-                rewriter.readers = _readers(func)
-                rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
-        return relax.transform.DeadCodeElimination()(rewriter.builder_.get())
-
-
-def _readers(func: relax.Function) -> dict:
-    """Var -> the value of the last binding that reads it."""
-    readers = {}
-    for block in func.body.blocks:
-        for binding in block.bindings:
-            for var in relax.analysis.free_vars(binding.value):
-                readers[var] = binding.value
-    return readers
+        return rewrite_matches(mod, _Rewriter(mod))
 
 
 def _call(value, name: str) -> relax.Call | None:
@@ -55,11 +39,7 @@ def _call(value, name: str) -> relax.Call | None:
 
 @relax.expr_functor.mutator
 class _Rewriter(PyExprMutator):
-    def __init__(self, mod: tvm.IRModule):
-        super().__init__(mod)
-        self.values: dict = {}
-        self.uses: dict = {}
-        self.readers: dict = {}
+    """Its ``values``, ``uses`` and ``readers`` are set per function by ``rewrite_matches``."""
 
     def visit_var_binding_(self, binding: relax.VarBinding) -> None:
         norm = self._weighted(binding.value) or self._deferred_core(binding)
@@ -98,8 +78,9 @@ class _Rewriter(PyExprMutator):
         found = self._core(binding.var)
         if found is None:
             return None
-        reader = self.readers.get(binding.var)
-        if self.uses.get(binding.var, 0) == 1 and self._weighted(reader) is not None:
+        (reader, *others) = self.readers.get(binding.var) or {None}
+        value = self.values.get(reader)
+        if self.uses.get(binding.var, 0) == 1 and not others and self._weighted(value) is not None:
             return None
         return found[0], None, found[1]
 
