@@ -8,11 +8,14 @@ old binding.
 
 from __future__ import annotations
 
+import tvm
 from tvm import relax
 from tvm.ir.expr import Constant
 from tvm.relax import PyExprMutator
 
 from tvmamp.tensors import FLOAT_DTYPES
+
+_POWER, _MULTIPLY = tvm.ir.Op.get("relax.power"), tvm.ir.Op.get("relax.multiply")
 
 
 def bound_values(func: relax.Function) -> dict:
@@ -43,6 +46,24 @@ def scalar_constant(expr: relax.Expr) -> float | None:
         return None
     data = expr.value.numpy()
     return float(data.astype("float64").reshape(())) if data.size == 1 else None
+
+
+def squares(value: relax.Expr | None, x: relax.Expr) -> bool:
+    """Whether ``value`` is ``x ** 2`` or ``x * x``."""
+    power = call_of(value, _POWER)
+    if power is not None:
+        return power.args[0].same_as(x) and scalar_constant(power.args[1]) == 2.0
+    times = call_of(value, _MULTIPLY)
+    return times is not None and all(a.same_as(x) for a in times.args)
+
+
+def means_last_axis(mean: relax.Call) -> bool:
+    """Whether the ``relax.mean`` call ``mean`` averages its input's last axis only and keeps
+    the dimension (the statistics of a row norm)."""
+    ndim = getattr(mean.args[0].ty, "ndim", -1)
+    if ndim < 1 or mean.attrs.axis is None or not mean.attrs.keepdims:
+        return False
+    return [int(a) % ndim for a in mean.attrs.axis] == [ndim - 1]
 
 
 def rewrite_functions(mod, rewriter: PyExprMutator):
@@ -96,6 +117,8 @@ __all__ = [
     "rebind",
     "rewrite_functions",
     "rewrite_matches",
+    "means_last_axis",
     "scalar_constant",
+    "squares",
     "use_counts",
 ]

@@ -25,11 +25,18 @@ from tvm.relax import PyExprMutator
 
 from tvmamp.tensors import static_shape, tensor_dtype
 
-from .bindings import call_of, rebind, rewrite_matches, scalar_constant
+from .bindings import (
+    call_of,
+    means_last_axis,
+    rebind,
+    rewrite_matches,
+    scalar_constant,
+    squares,
+)
 
 _OPS = {
     name: tvm.ir.Op.get(f"relax.{name}")
-    for name in "add subtract multiply divide power mean sqrt rsqrt".split()
+    for name in "add subtract multiply divide mean sqrt rsqrt".split()
 }
 
 
@@ -131,7 +138,7 @@ class _Rewriter(PyExprMutator):
             eps = scalar_constant(constant)
             if eps is not None and self._mean_last(variance) is not None:
                 square = self._mean_last(variance)
-                if self._single(square) and _squares(self.values.get(square), y):
+                if self._single(square) and squares(self.values.get(square), y):
                     return eps
         return None
 
@@ -139,12 +146,7 @@ class _Rewriter(PyExprMutator):
         """The input of ``var = mean(input, axis=-1, keepdims=True)`` when ``var`` has one
         reader, else None."""
         mean = _call(self.values.get(var), "mean") if self._single(var) else None
-        if mean is None or not mean.attrs.keepdims or mean.attrs.axis is None:
-            return None
-        source = mean.args[0]
-        ndim = len(static_shape(getattr(source, "ty", None)) or ())
-        axes = [int(a) % ndim for a in mean.attrs.axis] if ndim else []
-        return source if axes == [ndim - 1] else None
+        return mean.args[0] if mean is not None and means_last_axis(mean) else None
 
     def _centred(self, y, core) -> relax.Expr | None:
         """``x`` when ``y = x - mean(x, -1)`` is read by the square and ``core`` only, and
@@ -157,15 +159,6 @@ class _Rewriter(PyExprMutator):
             return None
         shape = static_shape(getattr(x, "ty", None))
         return x if shape and tensor_dtype(x) == "float32" else None
-
-
-def _squares(value, y) -> bool:
-    """Whether ``value`` is ``y ** 2`` or ``y * y``."""
-    power = _call(value, "power")
-    if power is not None:
-        return power.args[0].same_as(y) and scalar_constant(power.args[1]) == 2.0
-    times = _call(value, "multiply")
-    return times is not None and all(a.same_as(y) for a in times.args)
 
 
 def _channel_constant(expr, like) -> bool:

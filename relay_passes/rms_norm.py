@@ -19,9 +19,16 @@ from tvm.relax import PyExprMutator
 
 from tvmamp.tensors import static_shape, tensor_dtype
 
-from .bindings import call_of, rebind, rewrite_matches, scalar_constant
+from .bindings import (
+    call_of,
+    means_last_axis,
+    rebind,
+    rewrite_matches,
+    scalar_constant,
+    squares,
+)
 
-_OPS = {name: tvm.ir.Op.get(f"relax.{name}") for name in "multiply power mean add rsqrt".split()}
+_OPS = {name: tvm.ir.Op.get(f"relax.{name}") for name in "multiply mean add rsqrt".split()}
 
 
 @tvm.transform.module_pass(opt_level=0, name="tvmamp.FuseRMSNorm")
@@ -113,21 +120,11 @@ class _Rewriter(PyExprMutator):
                     eps, r = scalar_constant(call.args[0]), call.args[1]
                 if eps is None:
                     return None
-        mean = chain[-1]
-        ndim = len(static_shape(x.ty) or ())
-        axes = [int(a) % ndim for a in mean.attrs.axis] if mean.attrs.axis is not None else []
-        if axes != [ndim - 1] or not mean.attrs.keepdims:
+        if not means_last_axis(chain[-1]):
             return None
         if not isinstance(r, relax.Var) or self.uses.get(r, 0) != 1:
             return None
-        square = self.values.get(r)
-        power = _call(square, "power")
-        if power is not None and power.args[0].same_as(x) and scalar_constant(power.args[1]) == 2.0:
-            return eps
-        times = _call(square, "multiply")
-        if times is not None and all(a.same_as(x) for a in times.args):
-            return eps
-        return None
+        return eps if squares(self.values.get(r), x) else None
 
 
 __all__ = ["FuseRMSNorm"]
