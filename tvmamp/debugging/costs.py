@@ -63,10 +63,7 @@ def expr_flops(expr, seen: set | None = None) -> int:
         if key in seen:
             return 0
         seen.add(key)
-    if isinstance(expr, _BINARY):
-        own = _lanes(expr) if _is_float(expr.ty.dtype) else 0
-        return own + expr_flops(expr.a, seen) + expr_flops(expr.b, seen)
-    if isinstance(expr, _COMPARISONS):
+    if isinstance(expr, (*_BINARY, *_COMPARISONS)):  # float operands: one FLOP a lane
         own = _lanes(expr) if _is_float(expr.a.ty.dtype) else 0
         return own + expr_flops(expr.a, seen) + expr_flops(expr.b, seen)
     if isinstance(expr, tvm.ir.expr.Call):
