@@ -37,8 +37,12 @@ import subprocess
 import tempfile
 import time
 
-_LOADS_C = r"""
+# What both C programs share: headers, a clock, and (AMX builds) Linux's permission to use the
+# tile registers and the palette-1 configuration of all eight as 16 rows of 64 bytes.
+_C_PRELUDE = r"""
 #include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,9 +51,21 @@ _LOADS_C = r"""
 #include <sys/syscall.h>
 static double now(void){
   struct timespec t; clock_gettime(CLOCK_MONOTONIC,&t); return t.tv_sec+t.tv_nsec*1e-9;}
+#ifndef EMULATE
 typedef struct {
   unsigned char palette, start, res[14]; unsigned short colsb[16]; unsigned char rows[16];
 } cfg_t;
+/* 0 where Linux refuses AMX to this process, else 1 with the eight tiles configured */
+static int amx_start(void){
+  if(syscall(SYS_arch_prctl, 0x1023, 18)) return 0;
+  cfg_t c; memset(&c,0,sizeof c); c.palette=1;
+  for(int i=0;i<8;i++){c.colsb[i]=64;c.rows[i]=16;}
+  _tile_loadconfig(&c); return 1;}
+#endif
+"""
+_LOADS_C = (
+    _C_PRELUDE
+    + r"""
 /* GFLOP/s of n 2x2 tile steps, A and B tiles read in turn from buffers of na and nb bytes */
 static double steps(long n, const char *a, long na, const char *b, long nb){
   long ia=0, ib=0; double t=now();
@@ -60,9 +76,8 @@ static double steps(long n, const char *a, long na, const char *b, long nb){
     ia+=2048; if(ia>=na) ia=0; ib+=2048; if(ib>=nb) ib=0;}
   return n*4.0*16*16*32*2/(now()-t)/1e9;}
 int main(int argc, char **argv){
-  if(syscall(SYS_arch_prctl, 0x1023, 18)) { puts("no AMX"); return 0; }
-  cfg_t c; memset(&c,0,sizeof c); c.palette=1; for(int i=0;i<8;i++){c.colsb[i]=64;c.rows[i]=16;}
-  _tile_loadconfig(&c); _tile_zero(0);_tile_zero(1);_tile_zero(2);_tile_zero(3);
+  if(!amx_start()) { puts("no AMX"); return 0; }
+  _tile_zero(0);_tile_zero(1);_tile_zero(2);_tile_zero(3);
   for(int arg=1; arg+1<argc; arg+=2){
     long na=atol(argv[arg]), nb=atol(argv[arg+1]);
     char *a=aligned_alloc(4096,na), *b=aligned_alloc(4096,nb);
@@ -72,6 +87,7 @@ int main(int argc, char **argv){
     printf("%ld %ld %.1f\n", na, nb, best); free(a); free(b);}
   _tile_release(); return 0;}
 """
+)
 # (label, A bytes, B bytes): L1 is 48 KiB and L2 2 MiB a core on Sapphire/Emerald Rapids
 _PLACEMENTS = (
     ("the same two A and two B tiles every step", 2 << 10, 2 << 10),
@@ -84,17 +100,23 @@ _PLACEMENTS = (
 )
 
 
+def _run_c(source: str, flags: list[str], args: list[str]) -> str | None:
+    """Compile ``source`` with gcc and ``flags``, run it with ``args``; its standard output, or
+    None where it found no AMX."""
+    with tempfile.TemporaryDirectory() as tmp:
+        src, exe = os.path.join(tmp, "bench.c"), os.path.join(tmp, "bench")
+        with open(src, "w", encoding="utf-8") as f:
+            f.write(source)
+        subprocess.run(["gcc", *flags, src, "-o", exe, "-lm"], check=True)
+        out = subprocess.run([exe, *args], check=True, capture_output=True, text=True).stdout
+    return None if out.startswith("no AMX") else out
+
+
 def load_ceilings() -> list[tuple[str, float]] | None:
     """GFLOP/s of the kernel's 2 x 2 tile step by operand placement; None without AMX."""
-    with tempfile.TemporaryDirectory() as tmp:
-        src, exe = os.path.join(tmp, "loads.c"), os.path.join(tmp, "loads")
-        with open(src, "w", encoding="utf-8") as f:
-            f.write(_LOADS_C)
-        flags = ["-O2", "-mamx-tile", "-mamx-bf16"]
-        subprocess.run(["gcc", *flags, src, "-o", exe], check=True)
-        sizes = [str(v) for _, na, nb in _PLACEMENTS for v in (na, nb)]
-        out = subprocess.run([exe, *sizes], check=True, capture_output=True, text=True).stdout
-    if out.startswith("no AMX"):
+    sizes = [str(v) for _, na, nb in _PLACEMENTS for v in (na, nb)]
+    out = _run_c(_LOADS_C, ["-O2", "-mamx-tile", "-mamx-bf16"], sizes)
+    if out is None:
         return None
     rates = [float(line.split()[2]) for line in out.strip().splitlines()]
     return [(label, rate) for (label, _, _), rate in zip(_PLACEMENTS, rates)]
@@ -105,19 +127,10 @@ def load_ceilings() -> list[tuple[str, float]] | None:
 # tile API has two backends chosen at compile time: the AMX instructions, and with -DEMULATE
 # eight 1 KiB tile registers in memory with the tdpbf16ps semantics (for hosts without AMX).
 # The kernels use literal tile numbers (0-3: the C block, 4-5: A, 6-7: B) in both.
-_LOOP_ORDERS_C = r"""
-#include <immintrin.h>
-#include <math.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <time.h>
-#include <unistd.h>
-#include <sys/syscall.h>
+_LOOP_ORDERS_C = (
+    _C_PRELUDE
+    + r"""
 typedef uint16_t bf16;
-static double now(void){
-  struct timespec t; clock_gettime(CLOCK_MONOTONIC,&t); return t.tv_sec+t.tv_nsec*1e-9;}
 static float bf2f(bf16 h){ uint32_t u=(uint32_t)h<<16; float f; memcpy(&f,&u,4); return f; }
 #ifdef EMULATE
 static union { unsigned char b[16][64]; float f[16][16]; bf16 h[16][32]; } tmm[8];
@@ -221,17 +234,11 @@ static void measure(const gemm_t *g, const double *ref, const char *name, kernel
   printf("%ld %ld %ld %s %ld %ld %.1f %.3e %ld\n", g->M, g->K, g->N, name, p1, p2,
          2.0*g->M*g->N*g->K/best/1e9, rmax>0?dmax/rmax:dmax, reps);
   fflush(stdout);}
-typedef struct {
-  unsigned char palette, start, res[14]; unsigned short colsb[16]; unsigned char rows[16];
-} cfg_t;
 /* usage: loop_orders MIN_S ROUNDS M K N [M K N ...] (M, K, N multiples of 32) */
 int main(int argc, char **argv){
   if(argc<6||(argc-3)%3){ fputs("usage: loop_orders MIN_S ROUNDS M K N ...\n",stderr); return 2;}
 #ifndef EMULATE
-  if(syscall(SYS_arch_prctl, 0x1023, 18)) { puts("no AMX"); return 0; }
-  cfg_t cfg; memset(&cfg,0,sizeof cfg); cfg.palette=1;
-  for(int i=0;i<8;i++){cfg.colsb[i]=64;cfg.rows[i]=16;}
-  _tile_loadconfig(&cfg);
+  if(!amx_start()) { puts("no AMX"); return 0; }
 #endif
   double min_s=atof(argv[1]); int rounds=atoi(argv[2]);
   for(int arg=3; arg+2<argc; arg+=3){
@@ -268,6 +275,7 @@ int main(int argc, char **argv){
 #endif
   return 0;}
 """
+)
 # whole GEMMs (m x k x n) for --loop-orders: 288 is 257 rows padded to a multiple of 32
 LOOP_ORDER_SHAPES = "1024x1024x1024,288x4096x1024,128x768x3072"
 # small shapes for --emulate: partial column, K and row blocks, 17 panel pairs, two n slices
@@ -290,20 +298,14 @@ def loop_order_rates(
     API's scalar emulation (any x86 host; correctness only: its rates mean nothing) and times
     nothing. ``p1``/``p2``: ``current`` slice, 0; ``brgemm`` nb, kb; ``a_resident`` mb, 0.
     """
-    with tempfile.TemporaryDirectory() as tmp:
-        src, exe = os.path.join(tmp, "loop_orders.c"), os.path.join(tmp, "loop_orders")
-        with open(src, "w", encoding="utf-8") as f:
-            f.write(_LOOP_ORDERS_C)
-        # no -mavx512f for the emulation: it runs on any x86-64 host
-        flags = ["-O2", "-DEMULATE"] if emulate else AMX_FLAGS
-        subprocess.run(["gcc", *flags, src, "-o", exe, "-lm"], check=True)
-        timing = ["0", "0"] if emulate else [str(min_seconds), str(rounds)]
-        dims = [str(d) for shape in shapes for d in shape]
-        out = subprocess.run([exe, *timing, *dims], check=True, capture_output=True, text=True)
-    if out.stdout.startswith("no AMX"):
+    # no -mavx512f for the emulation: it runs on any x86-64 host
+    flags = ["-O2", "-DEMULATE"] if emulate else AMX_FLAGS
+    timing = ["0", "0"] if emulate else [str(min_seconds), str(rounds)]
+    out = _run_c(_LOOP_ORDERS_C, flags, [*timing, *(str(d) for shape in shapes for d in shape)])
+    if out is None:
         return None
     rows = []
-    for line in out.stdout.strip().splitlines():
+    for line in out.strip().splitlines():
         m, k, n, kernel, p1, p2, gflops, err, reps = line.split()
         rows.append(
             {
