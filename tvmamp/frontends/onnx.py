@@ -5,9 +5,12 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+import numpy as np
+
 from .common import UnsupportedOperatorError, require, split_params
 from .onnx_fold import constant_initializers, fold_shape_constants, prepare_for_import
 from .onnx_rnn import RECURRENT_OPS, expand_recurrent
+from .onnx_symbolic import symbolic_converters
 
 _COMPONENT = "tvmamp.from_onnx"
 
@@ -25,8 +28,10 @@ def from_onnx(
     model : str, os.PathLike or onnx.ModelProto
         A ``.onnx`` file or a loaded model. It must pass ``onnx.checker.check_model``.
     shape_dict : dict of str to tuple, optional
-        Static shapes for graph inputs (needed where the model has symbolic dimensions).
-        Every key must name a graph input: TVM would silently ignore one that does not.
+        Shapes for graph inputs (needed where TVM cannot import a model's symbolic
+        dimensions). Each dimension is a positive int, or None to leave it as the model
+        declares it: ``{"input_ids": (None, 128)}`` fixes the length and keeps a symbolic
+        batch. Every key must name a graph input: TVM would silently ignore one that does not.
     dtype_dict : str or dict of str to str
         Input dtypes, one for all or per input name (keys validated like ``shape_dict``).
     opset : int, optional
@@ -54,8 +59,11 @@ def from_onnx(
     non-integer ``in * scale`` (which TVM would resize inexactly) is rewritten exactly as
     ``Pad(edge) -> Resize(sizes) -> Slice``, or raises :class:`UnsupportedOperatorError`
     where that is not possible (see :func:`tvmamp.frontends.onnx_fold.prepare_for_import`).
-    Where TVM's importer fails on a model with symbolic input dimensions, the error (a
-    ``ValueError`` chained to TVM's) names them and suggests a static ``shape_dict``.
+    Some of TVM's converters lose symbolic dimensions (``Range``, ``Slice`` to the end,
+    ``Gather`` of a shape, ``Expand``, ``Pad`` with run-time pads); they are overridden
+    during the import (see :mod:`tvmamp.frontends.onnx_symbolic`). Where TVM's importer still
+    fails on a model with symbolic input dimensions, the error (a ``ValueError`` chained to
+    TVM's) names them and suggests a static ``shape_dict``.
 
     Static shape arithmetic (``Shape``, ``Size`` and small computations of constants, as
     ``torch.onnx.export`` emits for ``chunk``, ``view``...) is folded into ``Constant`` nodes
@@ -70,16 +78,18 @@ def from_onnx(
     _check_ops(model)
     from tvm.relax.frontend.onnx import from_onnx as tvm_from_onnx
 
-    shapes = {k: [int(d) for d in v] for k, v in (shape_dict or {}).items()}
+    shapes = _checked_shapes(shape_dict)
     model = _without_initializer_inputs(onnx, model)
+    model, shapes = _with_partial_shapes(onnx, model, shapes)
     model = constant_initializers(model)
     model = fold_shape_constants(model, shapes)
     model = prepare_for_import(model, shapes)
     model = expand_recurrent(model, shapes, opset)
     try:
-        mod = tvm_from_onnx(
-            model, shapes or None, dtype_dict, opset=opset, keep_params_in_input=True
-        )
+        with symbolic_converters():
+            mod = tvm_from_onnx(
+                model, shapes or None, dtype_dict, opset=opset, keep_params_in_input=True
+            )
     except Exception as err:
         symbolic = _symbolic_inputs(model, shapes)
         if not symbolic:
@@ -88,6 +98,59 @@ def from_onnx(
     func = mod["main"]
     values = list(func.attrs["params"]) if "params" in func.attrs else []
     return split_params(mod, values, _COMPONENT)
+
+
+def _checked_shapes(shape_dict) -> dict:
+    """``shape_dict`` as name -> list of dims (int, or None for the model's dim)."""
+    shapes = {}
+    for name, shape in (shape_dict or {}).items():
+        try:
+            dims = None if isinstance(shape, (str, bytes)) else list(shape)
+        except TypeError:
+            dims = None
+        bad = [shape] if dims is None else [d for d in dims if not _valid_dim(d)]
+        if bad:
+            raise ValueError(
+                f"{_COMPONENT}: shape_dict[{name!r}] = {shape!r} is not a shape ({bad[0]!r}); "
+                "give a tuple whose dimensions are positive ints, or None to keep the model's "
+                "(symbolic) dimension"
+            )
+        shapes[name] = [None if d is None else int(d) for d in dims]
+    return shapes
+
+
+def _valid_dim(dim) -> bool:
+    if dim is None:
+        return True
+    return isinstance(dim, (int, np.integer)) and not isinstance(dim, bool) and dim > 0
+
+
+def _with_partial_shapes(onnx, model, shapes):
+    """Write the shapes that keep some of the model's dims (None) into a copy of the model.
+
+    Returns the model and the fully static shapes, which go on to TVM's ``shape_dict``.
+    """
+    partial = {k: v for k, v in shapes.items() if None in v}
+    if not partial:
+        return model, shapes
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    for value in copy.graph.input:
+        dims = partial.get(value.name)
+        if dims is None:
+            continue
+        tensor = value.type.tensor_type
+        if not tensor.HasField("shape"):  # unknown rank: a None dim becomes an unnamed one
+            tensor.shape.dim.extend(onnx.TensorShapeProto.Dimension() for _ in dims)
+        if len(tensor.shape.dim) != len(dims):
+            raise ValueError(
+                f"{_COMPONENT}: shape_dict[{value.name!r}] has {len(dims)} dimensions, but "
+                f"the model's input has {len(tensor.shape.dim)}"
+            )
+        for dim, size in zip(tensor.shape.dim, dims):
+            if size is not None:
+                dim.dim_value = size
+    return copy, {k: v for k, v in shapes.items() if k not in partial}
 
 
 def _symbolic_inputs(model, shapes):

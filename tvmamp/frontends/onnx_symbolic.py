@@ -1,0 +1,321 @@
+"""Converters that keep symbolic dimensions through TVM's ONNX importer.
+
+Models exported with a symbolic batch or sequence axis compute shapes at run time, and a few
+of TVM's converters lose or mishandle such shapes (the models named below fail to import, or
+import with a wrong shape). :func:`symbolic_converters` installs overrides of those converters
+for the duration of one import. Each override handles one pattern and defers to TVM's
+converter (returns ``None``) whenever its preconditions do not hold:
+
+* ``Range`` over a symbolic start or limit with a constant integer delta (XLNet, ConvBERT);
+* ``Slice`` "to the end" (``INT64_MAX``) or with negative constant bounds on a symbolic axis
+  (MPT, WavLM);
+* ``Gather`` of a shape: a shape held in a variable, or a constant index picking static dims
+  (DeBERTa v1's ``chunk``);
+* ``Expand`` of a tensor with symbolic dims to a constant shape (WavLM);
+* ``Pad`` in constant mode with pads computed at run time (SEW-D).
+
+Like TVM's importer where it uses ``assume_inbound``, the overrides assume what the export's
+trace implies: slice bounds within their axis, non-negative run-time pads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import tvm
+from tvm import relax, tirx
+from tvm.sym import Analyzer, ConstIntBound
+
+# Exporters write INT64_MAX (or INT32_MAX) for "to the end", their negations for "from the start".
+_END = 1 << 31
+
+
+@contextlib.contextmanager
+def symbolic_converters():
+    """Within the block, TVM's ONNX importer uses the overrides of this module.
+
+    TVM looks its converters up with ``onnx_frontend._get_convert_map()`` for every node;
+    the block swaps that function and restores it on exit.
+    """
+    from tvm.relax.frontend.onnx import onnx_frontend
+
+    original = onnx_frontend._get_convert_map
+    base = original()
+    wrapped = {op: _overriding(base[op], rewrite) for op, rewrite in OVERRIDES.items()}
+    onnx_frontend._get_convert_map = lambda: {**original(), **wrapped}
+    try:
+        yield
+    finally:
+        onnx_frontend._get_convert_map = original
+
+
+def _overriding(converter, rewrite):
+    """A subclass of ``converter`` that tries ``rewrite`` first, at every opset.
+
+    ``rewrite(bb, inputs, attr, params, fallback)`` returns the converted expression, or None
+    to leave the node to TVM's converter ``fallback`` (for the model's opset).
+    """
+
+    class Override(converter):
+        @classmethod
+        def get_converter(cls, opset):
+            fallback = converter.get_converter(opset)
+
+            def convert(bb, inputs, attr, params):
+                out = rewrite(bb, inputs, attr, params, fallback)
+                return fallback(bb, inputs, attr, params) if out is None else out
+
+            return convert
+
+    Override.__name__ = Override.__qualname__ = converter.__name__
+    return Override
+
+
+# ----------------------------------------------------------------------------- value helpers
+
+
+def _ints(value):
+    """The integers of an integer constant (flattened), else None."""
+    if isinstance(value, tvm.ir.GenericConst):
+        array = value.value.numpy()
+        if array.dtype.kind in "iu":
+            return [int(v) for v in array.ravel()]
+    return None
+
+
+def _scalar(value):
+    """An int for a one-element integer constant, the expression for a PrimExpr, else None."""
+    ints = _ints(value)
+    if ints is not None:
+        return ints[0] if len(ints) == 1 else None
+    return value if tvm.ir.is_prim_expr(value) else None
+
+
+def _dims(value):
+    """The dims of a tensor with a known shape, else None."""
+    ty = getattr(value, "ty", None)
+    if isinstance(ty, relax.TensorType) and isinstance(ty.shape, relax.ShapeExpr):
+        return list(ty.shape.values)
+    return None
+
+
+def _static(dim) -> bool:
+    return isinstance(dim, (int, tirx.IntImm))
+
+
+def _dtype(value) -> str:
+    """The dtype of a constant or a PrimExpr."""
+    if isinstance(value, tvm.ir.GenericConst):
+        return str(value.value.numpy().dtype)
+    return str(getattr(value, "dtype", None) or value.ty)
+
+
+def _i64(value):
+    if isinstance(value, int):
+        return tirx.IntImm("int64", value)
+    return value if _dtype(value) == "int64" else tirx.Cast("int64", value)
+
+
+def _shape_analyzer(*exprs) -> Analyzer:
+    """An analyzer that knows the symbolic dims in ``exprs`` are non-negative."""
+    analyzer = Analyzer()
+    for expr in exprs:
+        for var in tirx.analysis.undefined_vars(expr):
+            analyzer.update(var, ConstIntBound(0, ConstIntBound.POS_INF), override=True)
+    return analyzer
+
+
+def _constant(params, inputs, index):
+    """Input ``index`` with initializers read as constants, None where it is absent."""
+    from tvm.relax.frontend.onnx.onnx_frontend import get_constant
+
+    if len(inputs) <= index or inputs[index] is None:
+        return None
+    return get_constant(inputs[index], params)
+
+
+# ----------------------------------------------------------------------------- overrides
+
+
+def _range(bb, inputs, attr, params, fallback):
+    """``Range(start, limit, delta)`` with a symbolic start or limit and a constant delta.
+
+    TVM computes the count as a run-time tensor and casts it to a fresh size ``range_len_N``,
+    which no longer equals the sequence length; broadcasts with the sequence then lose their
+    shape (XLNet's relative positions, ConvBERT). Here the count is the symbolic
+    ``ceil((limit - start) / delta)``, used where it is provably non-negative.
+    """
+    values = [_constant(params, inputs, i) for i in range(3)]
+    start, limit, delta = (_scalar(v) for v in values)
+    if not isinstance(delta, int) or delta == 0 or start is None or limit is None:
+        return None
+    if isinstance(start, int) and isinstance(limit, int):
+        return None
+    dtype = _dtype(values[0])
+    if dtype not in ("int32", "int64"):
+        return None
+    start, limit = _i64(start), _i64(limit)
+    span, step = (limit - start, delta) if delta > 0 else (start - limit, -delta)
+    analyzer = _shape_analyzer(span)
+    count = analyzer.simplify(tirx.floordiv(span + (step - 1), step))
+    if not analyzer.can_prove(count >= 0):
+        return None
+    positions = relax.op.arange(relax.prim_value(_i64(0)), relax.prim_value(count), dtype="int64")
+    first = relax.op.reshape(relax.op.shape_to_tensor(relax.ShapeExpr([start])), ())
+    out = relax.op.add(relax.op.multiply(positions, relax.const(delta, "int64")), first)
+    return out if dtype == "int64" else relax.op.astype(out, dtype)
+
+
+def _slice_bound(value, dim):
+    """A Slice bound on an axis of size ``dim``, as ONNX clamps it."""
+    if not isinstance(value, int):
+        return value
+    if value >= _END:
+        return dim
+    if value <= -_END:
+        return _i64(0)
+    if _static(dim):
+        size = int(dim)
+        return _i64(min(max(value + size, 0), size) if value < 0 else min(value, size))
+    return _shape_analyzer(dim).simplify(dim + value) if value < 0 else _i64(value)
+
+
+def _slice(bb, inputs, attr, params, fallback):
+    """``Slice`` to the end (``INT64_MAX``) or from a negative constant, next to a symbolic
+    axis or bound.
+
+    With a symbolic bound TVM passes ``assume_inbound=True`` and does not clamp the constant
+    ones (MPT: an extent of ``seq + 9223372036854775295``); on a symbolic axis it clamps with
+    a ``min``/``max`` it cannot simplify (WavLM: ``min(max(L, 0), L + 1)``). Here the bounds
+    are rewritten against the axis: ``INT64_MAX`` is its size, ``-k`` is ``size - k``, and
+    other constants are clamped where the axis is static. Steps must be 1.
+    """
+    dims = _dims(inputs[0]) if len(inputs) >= 3 else None
+    found = None if dims is None else _slice_args(inputs, params, len(dims))
+    if found is None:
+        return None
+    axes, starts, ends = found
+    constants = [b for b in starts + ends if isinstance(b, int)]
+    symbolic = len(constants) < 2 * len(axes) or not all(_static(dims[a]) for a in axes)
+    if not symbolic or all(0 <= b < _END for b in constants):
+        return None
+    starts = [relax.prim_value(_slice_bound(b, dims[a])) for a, b in zip(axes, starts)]
+    ends = [relax.prim_value(_slice_bound(b, dims[a])) for a, b in zip(axes, ends)]
+    ones = [relax.prim_value(_i64(1))] * len(axes)
+    return relax.op.strided_slice(inputs[0], axes, starts, ends, ones, assume_inbound=True)
+
+
+def _slice_args(inputs, params, rank):
+    """``(axes, starts, ends)`` of a Slice with static axes and unit steps (bounds int or
+    PrimExpr), else None."""
+    bounds = [_constant(params, inputs, i) for i in (1, 2)]
+    bounds = [
+        _ints(b) or (list(b.values) if isinstance(b, relax.ShapeExpr) else None) for b in bounds
+    ]
+    axes, steps = (_constant(params, inputs, i) for i in (3, 4))
+    if None in bounds or len(bounds[0]) != len(bounds[1]):
+        return None
+    axes = list(range(len(bounds[0]))) if axes is None else _ints(axes)
+    if axes is None or len(axes) != len(bounds[0]) or not all(-rank <= a < rank for a in axes):
+        return None
+    if steps is not None and set(_ints(steps) or [0]) != {1}:
+        return None
+    return [a % rank for a in axes], bounds[0], bounds[1]
+
+
+def _gather(bb, inputs, attr, params, fallback):
+    """``Gather`` (axis 0) of a shape.
+
+    A shape held in a variable (``Shape`` of a tensor whose dims TVM does not know) reaches
+    TVM's converter, which calls ``shape_of`` on it and fails: it is made a tensor first. A
+    1-D constant index into a shape becomes a run-time tensor in TVM even where the picked dims
+    are static (DeBERTa v1's ``chunk``: ``Shape(x)[[-1]]``), and a later ``Slice`` or
+    ``Reshape`` reading it loses its shape: it is a constant here.
+    """
+    data, index = inputs[0], inputs[1]
+    if attr.get("axis", 0) != 0:
+        return None
+    if isinstance(data, relax.ShapeExpr):
+        picks = _ints(index)
+        if picks is None or index.value.numpy().ndim != 1:
+            return None
+        if not all(-len(data.values) <= i < len(data.values) for i in picks):
+            return None
+        dims = [data.values[i] for i in picks]
+        if not all(_static(d) for d in dims):
+            return None
+        return relax.const(np.array([int(d) for d in dims], "int64"), "int64")
+    if isinstance(data, relax.Expr) and isinstance(data.ty, relax.ShapeType):
+        shape = bb.normalize(relax.op.shape_to_tensor(data))
+        return fallback(bb, [shape, *inputs[1:]], attr, params)
+    return None
+
+
+def _expand(bb, inputs, attr, params, fallback):
+    """``Expand`` of a tensor with symbolic dims to a constant shape.
+
+    TVM reads ``dim.value`` of every input dim and fails on a symbolic one (WavLM). Here each
+    target dim of -1 or 1 keeps the input's dim, and a static one needs an input dim of 1 or
+    the same size; anything else is left to TVM.
+    """
+    data, target = inputs[0], _ints(_constant(params, inputs, 1))
+    dims = _dims(data)
+    if target is None or dims is None or all(_static(d) for d in dims):
+        return None
+    rank = max(len(dims), len(target))
+    padded = [_i64(1)] * (rank - len(dims)) + dims
+    target = [1] * (rank - len(target)) + target
+    out = []
+    for dim, size in zip(padded, target):
+        if size in (-1, 1):
+            out.append(dim)
+        elif _static(dim) and int(dim) in (1, size):
+            out.append(_i64(size))
+        else:
+            return None
+    if rank == len(dims) and all(a.same_as(b) for a, b in zip(out, dims)):
+        return data
+    return relax.op.broadcast_to(data, relax.ShapeExpr(out))
+
+
+def _pad(bb, inputs, attr, params, fallback):
+    """``Pad`` in constant mode with pads known only at run time.
+
+    ``F.pad`` with amounts computed from shapes exports them as a tensor computation, and TVM
+    takes constant pads only ("Dynamic pads are not supported yet", SEW-D). Here the pads are
+    cast into fresh sizes and padded with; they must be non-negative.
+    """
+    from tvm import topi
+    from tvm.relax.frontend.onnx.onnx_frontend import _tensor_to_shape_expr
+
+    data, pads, value = inputs[0], _constant(params, inputs, 1), _constant(params, inputs, 2)
+    ty = getattr(data, "ty", None)
+    rank = ty.ndim if isinstance(ty, relax.TensorType) else -1
+    if attr.get("mode", b"constant") not in (b"constant", "constant") or rank < 0:
+        return None
+    if _constant(params, inputs, 3) is not None:  # Pad-18 axes
+        return None
+    if value is not None and not isinstance(value, tvm.ir.GenericConst):
+        return None
+    # Constant pads are TVM's; a shape as pads never gets here (TVM refuses shape inputs to
+    # Pad before converting); a tensor of pads must be 1-D, of 2 * rank elements.
+    pads_ty = getattr(pads, "ty", None)
+    if not isinstance(pads_ty, relax.TensorType) or isinstance(pads, tvm.ir.GenericConst):
+        return None
+    length = (_dims(pads) or [None])[0]
+    if pads_ty.ndim != 1 or (_static(length) and int(length) != 2 * rank):
+        return None
+    value = 0.0 if value is None else value.value.numpy().item()
+    pads = pads if pads_ty.dtype == "int64" else bb.normalize(relax.op.astype(pads, "int64"))
+    amounts = list(_tensor_to_shape_expr(bb, pads, 2 * rank, "pad").values)
+    return bb.emit_te(topi.nn.pad, data, amounts[:rank], amounts[rank:], value)
+
+
+OVERRIDES = {
+    "Range": _range,
+    "Slice": _slice,
+    "Gather": _gather,
+    "Expand": _expand,
+    "Pad": _pad,
+}
