@@ -16,7 +16,8 @@ LLVM promotes to registers; only small static ``local`` buffers are marked
 (:data:`STACK_LIMIT_BYTES`), so no kernel can overflow a thread's stack. The pass runs right
 before ``LowerTVMBuiltin``, in the TIR pipeline :data:`PIPELINE`, which the ``llvm`` target
 entry names for ``tvm.compile`` and tuning builds. The same pipeline first places the software
-prefetches that GEMM schedules ask for (:mod:`tvmamp.schedules.cpu.prefetch`).
+prefetches that GEMM schedules ask for (:mod:`tvmamp.schedules.cpu.prefetch`), and lowers a
+kernel of very large expressions without TVM's ``CommonSubexprElim`` (:data:`CSE_MAX_NODES`).
 
 :func:`register_math_lowering` fills gaps in TVM's LLVM lowering of math intrinsics: ``sinh`` and
 ``cosh`` had none in any dtype, and ``asin``, ``acos``, ``atan``, ``asinh``, ``acosh`` and
@@ -30,6 +31,9 @@ import functools
 import tvm
 import tvm_ffi
 from tvm import tirx
+from tvm.ir import Var
+from tvm.ir.expr import Expr
+from tvm_ffi.structural import WalkResult
 
 from ..schedules.cpu.prefetch import inject_prefetch
 
@@ -39,6 +43,13 @@ PIPELINE = "tvmamp.llvm"
 DISABLE_LOWER_BUILTIN = "disable_lower_builtin"
 # Largest ``local`` buffer kept on the stack: 4 KB, twice the 32 zmm registers of AVX-512.
 STACK_LIMIT_BYTES = 4096
+# Expression nodes of one stored value (a shared subexpression counted at each use) past which
+# a kernel is lowered without TVM's CommonSubexprElim, whose time grows faster than the
+# expression: RWKV's recurrence, unrolled over 128 tokens and fused into elementwise kernels
+# and a GEMM epilogue, made four kernels whose CSE took 25 s of a 93 s build (2 layers, width
+# 256). LLVM's own common-subexpression passes still run on them. The kernels of the zoo's
+# other models stay far below the limit.
+CSE_MAX_NODES = 20000
 
 
 def _static_bytes(buffer: tirx.Buffer) -> int | None:
@@ -81,8 +92,77 @@ def _pipeline_factory():
     def finalize_host_with_stack_tiles():
         return tvm.transform.Sequential([stack_local_tiles, finalize_host()])
 
-    lower_with_prefetch = tvm.transform.Sequential([inject_prefetch, lower])
+    lower_with_prefetch = tvm.transform.Sequential([inject_prefetch, _large_without_cse(lower)])
     return lower_with_prefetch, finalize_host_with_stack_tiles, finalize_device
+
+
+def expression_nodes(node, limit: int) -> int:
+    """The expression nodes of ``node``, each shared subexpression counted at every use (as
+    a pass walking the tree meets them; a variable or buffer is one node); past ``limit`` the
+    count stops, returning more than ``limit``."""
+    found = 0
+
+    def visit(value):
+        nonlocal found
+        found += 1
+        if found > limit or isinstance(value, Var):  # in TVM 0.27 a buffer is a Var
+            return WalkResult.SKIP
+        return WalkResult.ADVANCE
+
+    tvm_ffi.structural_walk(node, [(Expr, visit)], order="pre")
+    return found
+
+
+def largest_store(func: tirx.PrimFunc, limit: int) -> int:
+    """The most :func:`expression_nodes` of one stored value of ``func``: at most ``limit``,
+    or more than ``limit`` when a value exceeds it."""
+    largest = 0
+
+    def visit(store):
+        nonlocal largest
+        if largest <= limit:
+            largest = max(largest, expression_nodes(store.value, limit))
+        return WalkResult.SKIP
+
+    tvm_ffi.structural_walk(func.body, [(tirx.BufferStore, visit)], order="pre")
+    return largest
+
+
+def _large_without_cse(lower: tvm.transform.Pass) -> tvm.transform.Pass:
+    """``lower``, with the kernels that store a value of more than :data:`CSE_MAX_NODES`
+    expression nodes lowered apart, under ``tirx.disable_cse_tir``."""
+
+    @tvm.transform.module_pass(opt_level=0, name="tvmamp.LowerLargeWithoutCSE")
+    def run(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        large = {
+            gvar
+            for gvar, func in mod.functions_items()
+            if isinstance(func, tirx.PrimFunc)
+            and largest_store(func, CSE_MAX_NODES) > CSE_MAX_NODES
+        }
+        if not large:
+            return lower(mod)
+        parts = [
+            tvm.IRModule(
+                {g: f for g, f in mod.functions_items() if (g in large) == is_large},
+                attrs=mod.attrs,
+            )
+            for is_large in (False, True)
+        ]
+        current = tvm.transform.PassContext.current()
+        with tvm.transform.PassContext(
+            opt_level=current.opt_level,
+            required_pass=current.required_pass,
+            disabled_pass=current.disabled_pass,
+            instruments=current.instruments,
+            config={**dict(current.config), "tirx.disable_cse_tir": True},
+        ):
+            lowered = lower(parts[1])
+        rest = lower(parts[0]) if parts[0].functions else parts[0]
+        rest.update(lowered)
+        return rest
+
+    return run
 
 
 @functools.cache

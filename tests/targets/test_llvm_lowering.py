@@ -173,3 +173,51 @@ def test_power_stays_float32_at_o3_in_bfloat16(rng):
     data = rng.standard_normal((8, 32)).astype("float32")
     want = (np.abs(data.astype("float64")) + 0.1) ** 1.7
     assert_close(exe(data), want, **tolerance("bfloat16", scale=float(want.max())))
+
+
+def _repeated_chain(steps: int) -> tvm.IRModule:
+    """``b[i] = s_steps`` with ``s_0 = a[i]``, ``s_k = s_{k-1} * s_{k-1} + s_{k-1}``: an
+    expression whose tree (each use of a subexpression counted) has about 3^steps nodes."""
+    from tvm import te
+
+    a = te.placeholder((64,), "float32", "a")
+
+    def chain(i):
+        value = a[i]
+        for _ in range(steps):
+            value = value * value + value
+        return value
+
+    b = te.compute((64,), chain, "b")
+    func = te.create_prim_func([a, b]).with_attr("global_symbol", "main")
+    return tvm.IRModule({"main": func.with_attr("target", tvm.target.Target("llvm"))})
+
+
+def test_kernels_of_very_large_expressions_are_lowered_without_tvms_cse():
+    """RWKV's recurrence, unrolled and fused, made kernels whose CommonSubexprElim took 25 s
+    of a 93 s build. Past CSE_MAX_NODES a kernel is lowered without it (LLVM's own passes
+    still share the subexpressions); smaller kernels keep it."""
+    seen = []
+
+    @tvm.ir.instrument.pass_instrument
+    class RecordCSE:
+        def run_before_pass(self, mod, info):
+            if info.name == "tirx.CommonSubexprElim":
+                seen.extend(gvar.name_hint for gvar in mod.get_global_vars())
+
+    rng = np.random.default_rng(3)
+    for steps, large in ((3, False), (9, True)):
+        mod = _repeated_chain(steps)
+        nodes = llvm_lowering.largest_store(mod["main"], llvm_lowering.CSE_MAX_NODES)
+        assert (nodes > llvm_lowering.CSE_MAX_NODES) == large, nodes
+        seen.clear()
+        with tvm.transform.PassContext(opt_level=3, instruments=[RecordCSE()]):
+            lib = tvm.compile(mod, target="llvm", tir_pipeline=llvm_lowering.register())
+        assert ("main" in seen) != large, (steps, seen)
+        a = rng.uniform(-0.5, 0.5, 64).astype("float32")
+        out = tvm.runtime.empty((64,), "float32")
+        lib["main"](tvm.runtime.tensor(a), out)
+        ref = a.astype("float64")
+        for _ in range(steps):
+            ref = ref * ref + ref
+        np.testing.assert_allclose(out.numpy(), ref, rtol=1e-5, atol=1e-6)
