@@ -409,6 +409,17 @@ def vectorize_tile(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> None:
     sch.unroll(row)
 
 
+def _symbolic_rows(sch: s_tir.Schedule, loops: list, parallel: bool) -> None:
+    """Leave a loop nest whose innermost extent is symbolic as it is, for LLVM's loop
+    vectoriser (a vector loop and its tail), with the outermost loop parallel when
+    ``parallel``. Fusing its loops into one and splitting out a vector of one lane, as before,
+    made every index a ``//`` and ``%`` of products of symbolic sizes: XLNet's relative-shift
+    reshape over ``(batch, heads, seq, 2 * seq - 1)`` then took 141 s to build (41 s with only
+    the outer loops fused, 0.1 s left as it is)."""
+    if parallel and len(loops) > 1:
+        sch.parallel(loops[0])
+
+
 def schedule_injective(
     sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes: int, parallel: bool
 ) -> None:
@@ -428,8 +439,11 @@ def schedule_injective(
     """
     loops = sch.get_loops(block)
     extents = [static_extent(sch.get(loop).extent) for loop in loops]
+    if extents[-1] is None:  # a symbolic innermost extent: LLVM's loop vectoriser takes it
+        _symbolic_rows(sch, loops, parallel)
+        return
     if None in extents:  # a symbolic extent (a dynamic batch): the innermost loop is the vector
-        vector = largest_divisor(extents[-1] or 1, lanes)
+        vector = largest_divisor(extents[-1], lanes)
         vec_outer, vec = sch.split(loops[-1], [None, vector])
         sch.vectorize(vec)
         fused = sch.fuse(*loops[:-1], vec_outer)

@@ -456,3 +456,31 @@ def test_param_buffers_leaves_out_size_vars():
 
     sch = s_tir.Schedule(scale)
     assert [str(b.dtype) for b in param_buffers(sch)] == ["float32", "float32"]
+
+
+def test_a_symbolic_innermost_axis_keeps_its_loop_nest():
+    """XLNet's relative shift reshapes ``(batch, heads, 2 * seq - 1, seq)`` to ``(batch,
+    heads, seq, 2 * seq - 1)`` over symbolic sizes. Fused into one loop with a vector of one
+    lane, every index became ``//`` and ``%`` of symbolic products, and the kernel took 141 s
+    to build. The nest stays as it is (LLVM's loop vectoriser takes the innermost loop), its
+    outermost loop parallel."""
+    b, s = tvm.tirx.Var("b", "int64"), tvm.tirx.Var("s", "int64")
+    inputs = {"x": ((b, 4, 2 * s - 1, s), "float32")}
+
+    def body(bb, x):
+        return relax.op.reshape(relax.op.add(x, relax.const(1.0)), (b, 4, s, 2 * s - 1))
+
+    funcs = _prim_funcs(_schedule(_module(inputs, body)))
+    (kernel,) = [func for name, func in funcs.items() if "reshape" in name]
+    import tvm_ffi
+
+    loops = []
+    tvm_ffi.structural_walk(kernel.body, [(tvm.tirx.For, loops.append)], order="pre")
+    extents = [str(loop.extent) for loop in loops]  # the kernel's own size variables
+    assert extents == ["b", "T.int64(4)", "s", "s * T.int64(2) - T.int64(1)"], kernel
+    assert loops[0].kind == tvm.tirx.ForKind.PARALLEL, kernel
+    rng = np.random.default_rng(11)
+    for batch, seq in ((2, 5), (1, 9)):
+        x = _randn(rng, (batch, 4, 2 * seq - 1, seq))
+        out, _ = _run(_module(inputs, body), x)
+        np.testing.assert_allclose(out, (x + 1).reshape(batch, 4, seq, 2 * seq - 1), rtol=1e-6)
