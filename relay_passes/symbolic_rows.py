@@ -18,6 +18,9 @@ The padded rows are zeros and are sliced off, so the result is the same.
 
 from __future__ import annotations
 
+import functools
+import operator
+
 import tvm
 from tvm import relax, tirx
 from tvm.relax import PyExprMutator
@@ -64,6 +67,8 @@ class _Rewriter(PyExprMutator):
             return call
         a, b = call.args
         shape = list(a.ty.shape)
+        if len(shape) > 2 and b.ty.ndim == 2:
+            return self._flattened(a, b, call.attrs.out_dtype)
         rows, depth = shape[-2], shape[-1]
         padded = (rows + self.tile - 1) // self.tile * self.tile
         zeros = relax.op.zeros(relax.ShapeExpr([*shape[:-2], padded - rows, depth]), a.ty.dtype)
@@ -71,6 +76,24 @@ class _Rewriter(PyExprMutator):
         out = self.builder_.emit(relax.op.matmul(a, b, out_dtype=call.attrs.out_dtype))
         axis = out.ty.ndim - 2
         return relax.op.strided_slice(out, [axis], [0], [rows], assume_inbound=True)
+
+    def _flattened(self, a, b, out_dtype):
+        """``a[..., rows, k] @ b[k, n]`` as one GEMM over all of ``a``'s rows, padded.
+
+        Padding only the second-to-last axis of a batched ``a`` leaves the kernel a GEMM over
+        a symbolic batch of padded row blocks, whose row slice FuseOps makes the first block
+        of its epilogue; that slice covers fewer rows than the GEMM and cannot be inlined into
+        it, so the kernel was left a scalar loop (an MPT exported with symbolic batch and
+        length ran 200x slower). The flattened rows pad and slice like a 2-D ``a``.
+        """
+        shape = list(a.ty.shape)
+        rows = functools.reduce(operator.mul, shape[:-1])
+        flat = self.builder_.emit(relax.op.reshape(a, relax.ShapeExpr([rows, shape[-1]])))
+        product = relax.op.matmul(flat, b, out_dtype=out_dtype)
+        if needs_padding(rows, self.tile):
+            product = self.visit_call_(product)
+        out = self.builder_.emit(product)
+        return relax.op.reshape(out, relax.ShapeExpr([*shape[:-1], b.ty.shape[-1]]))
 
     def _applies(self, call) -> bool:
         a, b = call.args

@@ -41,6 +41,47 @@ def test_pads_symbolic_rows_and_slices_them_off():
     tvm.ir.assert_structural_equal(after, bb.get(), map_free_vars=True)
 
 
+def test_a_batched_left_operand_is_padded_as_one_matrix_of_all_its_rows():
+    """``x[b, m, k] @ w[k, n]`` pads and slices ``b * m`` rows of one 2-D GEMM. Padding only
+    the ``m`` axis left a GEMM over a symbolic batch whose row slice, fused in as its
+    epilogue, could not be inlined: the kernel stayed a scalar loop."""
+    b, m = tirx.Var("b", "int64"), tirx.Var("m", "int64")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([b, m, 64], "bfloat16"))
+    w = relax.Var("w", relax.TensorType([64, 32], "bfloat16"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            rows = b * m
+            flat = bb.emit(relax.op.reshape(x, relax.ShapeExpr([rows, 64])))
+            extra = relax.ShapeExpr([(rows + 8 - 1) // 8 * 8 - rows, 64])
+            zeros = bb.emit(relax.op.zeros(extra, "bfloat16"))
+            padded = bb.emit(relax.op.concat([flat, zeros], axis=0))
+            full = bb.emit(relax.op.matmul(padded, w, out_dtype="float32"))
+            sliced = bb.emit(relax.op.strided_slice(full, [0], [0], [rows], assume_inbound=True))
+            y = bb.emit_output(relax.op.reshape(sliced, relax.ShapeExpr([b, m, 32])))
+        bb.emit_func_output(y)
+    after = PadSymbolicRows(8)(_mod(m, batch=(b,)))
+    tvm.ir.assert_structural_equal(after, bb.get(), map_free_vars=True)
+
+
+def test_a_linear_over_symbolic_batch_and_rows_runs_on_the_bf16_gemm(caplog):
+    """An ONNX export with symbolic batch and length: its Linear layers run on the bf16 GEMM
+    kernel (an MPT ran 200x slower with them left scalar), and the padded rows stay out."""
+    import logging
+
+    mod, weight = _symbolic_linear(batch=(tirx.Var("b", "int64"),))
+    with caplog.at_level(logging.INFO, logger="tvmamp.schedules"):
+        exe = tvmamp.build(mod, "O2", "llvm -mcpu=znver4 -num-cores=1", dtype="bfloat16")
+    refused = [r.getMessage() for r in caplog.records if "CPUMatmulBF16 left" in r.getMessage()]
+    assert not refused, refused
+    for batch, rows in ((2, 29), (3, 8)):
+        x = np.random.default_rng(rows).standard_normal((batch, rows, 96)).astype("float32")
+        out = np.asarray(exe(x))
+        ref = x.astype("float64") @ weight.astype("float64")
+        assert out.shape == (batch, rows, 80)
+        np.testing.assert_allclose(out, ref, rtol=0, atol=2e-2 * np.abs(ref).max())
+
+
 @pytest.mark.parametrize(
     "rows_of",
     [
