@@ -12,20 +12,9 @@ ort = pytest.importorskip("onnxruntime")
 from onnx import TensorProto as TP  # noqa: E402
 from onnx import helper as h  # noqa: E402
 from onnx import numpy_helper as nh  # noqa: E402
+from onnx_graphs import onnx_model, run_ort  # noqa: E402
 
 TARGET = "llvm -num-cores=1"
-
-
-def _model(nodes, inputs, outputs, inits=(), opset=13):
-    graph = h.make_graph(nodes, "g", inputs, outputs, list(inits))
-    model = h.make_model(graph, opset_imports=[h.make_opsetid("", opset)])
-    model.ir_version = 8
-    return model
-
-
-def _ort(model, **feeds):
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return session.run(None, feeds)[0]
 
 
 def _run(model, x, level="O0", shape_dict=None):
@@ -35,7 +24,7 @@ def _run(model, x, level="O0", shape_dict=None):
 
 def test_expand_with_an_initializer_shape_builds_and_is_a_constant(rng):
     shape = nh.from_array(np.array([2, 1, 6], np.int64), "s")
-    model = _model(
+    model = onnx_model(
         [h.make_node("Expand", ["x", "s"], ["y"])],
         [h.make_tensor_value_info("x", TP.FLOAT, [3, 1])],
         [h.make_tensor_value_info("y", TP.FLOAT, [2, 3, 6])],
@@ -44,7 +33,7 @@ def test_expand_with_an_initializer_shape_builds_and_is_a_constant(rng):
     x = rng.standard_normal((3, 1)).astype(np.float32)
     out, params = _run(model, x)
     assert "s" not in params
-    np.testing.assert_allclose(out, _ort(model, x=x), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out, run_ort(model, x=x), rtol=1e-5, atol=1e-5)
 
 
 def test_shape_initializers_become_constants_and_float_weights_stay_params(rng):
@@ -65,7 +54,7 @@ def test_shape_initializers_become_constants_and_float_weights_stay_params(rng):
         h.make_node("Reshape", ["t", "shape"], ["r"]),
         h.make_node("Pad", ["r", "pads"], ["y"]),
     ]
-    model = _model(
+    model = onnx_model(
         nodes,
         [h.make_tensor_value_info("x", TP.FLOAT, [2, 6])],
         [h.make_tensor_value_info("y", TP.FLOAT, [2, 8])],
@@ -74,7 +63,7 @@ def test_shape_initializers_become_constants_and_float_weights_stay_params(rng):
     x = rng.standard_normal((2, 6)).astype(np.float32)
     out, params = _run(model, x)
     assert set(params) == {"w"}
-    ref = _ort(model, x=x)
+    ref = run_ort(model, x=x)
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
     low, _ = _run(model, x, level="O2")
     np.testing.assert_allclose(low, ref, rtol=2e-2, atol=2e-2 * float(np.abs(ref).max()))
@@ -82,7 +71,7 @@ def test_shape_initializers_become_constants_and_float_weights_stay_params(rng):
 
 def test_split_negative_axis_with_a_dynamic_batch_runs(rng):
     inits = [nh.from_array(np.array([3, 5], np.int64), "split")]
-    model = _model(
+    model = onnx_model(
         [
             h.make_node("Split", ["x", "split"], ["a", "b"], axis=-1),
             h.make_node("Concat", ["b", "a"], ["c"], axis=-1),
@@ -96,7 +85,7 @@ def test_split_negative_axis_with_a_dynamic_batch_runs(rng):
     exe = tvmamp.build(mod, "O0", TARGET, params=params)
     for batch in (1, 3):
         x = rng.standard_normal((batch, 4, 8)).astype(np.float32)
-        np.testing.assert_allclose(np.asarray(exe(x)), _ort(model, x=x), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(np.asarray(exe(x)), run_ort(model, x=x), rtol=1e-5, atol=1e-5)
 
 
 def test_torch_glu_with_a_dynamic_batch_runs(rng, tmp_path):
@@ -122,7 +111,7 @@ def test_torch_glu_with_a_dynamic_batch_runs(rng, tmp_path):
     model = onnx.load(str(path))
     for batch in (1, 3):
         x = rng.standard_normal((batch, 10, 64)).astype(np.float32)
-        np.testing.assert_allclose(np.asarray(exe(x)), _ort(model, x=x), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(np.asarray(exe(x)), run_ort(model, x=x), rtol=1e-5, atol=1e-5)
 
 
 def test_importer_failure_with_symbolic_inputs_suggests_shape_dict():
@@ -132,7 +121,7 @@ def test_importer_failure_with_symbolic_inputs_suggests_shape_dict():
         h.make_node("Mul", ["shp", "two"], ["sizes"]),
         h.make_node("Resize", ["x", "", "", "sizes"], ["y"], mode="nearest"),
     ]
-    model = _model(
+    model = onnx_model(
         nodes,
         [h.make_tensor_value_info("x", TP.FLOAT, ["batch", 2, 4, 4])],
         [h.make_tensor_value_info("y", TP.FLOAT, ["batch", 2, 8, 8])],
@@ -145,7 +134,7 @@ def test_importer_failure_with_symbolic_inputs_suggests_shape_dict():
     # with a static shape it imports and runs
     x = np.ones((1, 2, 4, 4), np.float32)
     out, _ = _run(model, x)
-    np.testing.assert_allclose(out, _ort(model, x=x), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out, run_ort(model, x=x), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("where", ["initializer", "constant"])
@@ -161,7 +150,7 @@ def test_resize_with_empty_roi_and_scales_and_sizes(rng, where):
             h.make_node("Constant", [], ["sc"], value=nh.from_array(empty)),
         ]
     nodes.append(h.make_node("Resize", ["x", "roi", "sc", "sizes"], ["y"], mode="linear"))
-    model = _model(
+    model = onnx_model(
         nodes,
         [h.make_tensor_value_info("x", TP.FLOAT, [1, 2, 5, 7])],
         [h.make_tensor_value_info("y", TP.FLOAT, [1, 2, 8, 11])],
@@ -169,7 +158,7 @@ def test_resize_with_empty_roi_and_scales_and_sizes(rng, where):
     )
     x = rng.standard_normal((1, 2, 5, 7)).astype(np.float32)
     out, _ = _run(model, x)
-    np.testing.assert_allclose(out, _ort(model, x=x), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out, run_ort(model, x=x), rtol=1e-5, atol=1e-5)
 
 
 def _resize_scales(width, scale, mode, ctm, **attrs):
@@ -182,7 +171,7 @@ def _resize_scales(width, scale, mode, ctm, **attrs):
         coordinate_transformation_mode=ctm,
         **attrs,
     )
-    return _model(
+    return onnx_model(
         [node],
         [h.make_tensor_value_info("x", TP.FLOAT, [1, 1, 4, width])],
         [h.make_tensor_value_info("y", TP.FLOAT, [1, 1, 4, int(width * scale)])],
@@ -195,7 +184,7 @@ def test_resize_integer_result_scales_stay_exact(rng, mode):
     model = _resize_scales(6, 1.5, mode, "half_pixel")
     x = rng.standard_normal((1, 1, 4, 6)).astype(np.float32)
     out, _ = _run(model, x)
-    np.testing.assert_allclose(out, _ort(model, x=x), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out, run_ort(model, x=x), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize(
@@ -215,7 +204,7 @@ def test_resize_non_integer_scale_result_is_exact(rng, width, scale, mode, ctm):
     model = _resize_scales(width, scale, mode, ctm)
     x = rng.standard_normal((1, 1, 4, width)).astype(np.float32)
     out, _ = _run(model, x)
-    np.testing.assert_allclose(out, _ort(model, x=x), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out, run_ort(model, x=x), rtol=1e-5, atol=1e-5)
 
 
 def test_resize_non_integer_scale_result_without_exact_rewrite_is_refused():
@@ -228,7 +217,7 @@ def test_resize_non_integer_scale_result_without_exact_rewrite_is_refused():
 
 def test_max_pool_with_an_indices_output_is_refused_clearly():
     """TVM's MaxPool converter computes the values only and failed with an assertion."""
-    model = _model(
+    model = onnx_model(
         [h.make_node("MaxPool", ["x"], ["v", "i"], kernel_shape=[2, 2], strides=[2, 2])],
         [h.make_tensor_value_info("x", TP.FLOAT, [1, 2, 4, 4])],
         [
@@ -241,11 +230,11 @@ def test_max_pool_with_an_indices_output_is_refused_clearly():
 
 
 def test_max_pool_without_indices_still_imports(rng):
-    model = _model(
+    model = onnx_model(
         [h.make_node("MaxPool", ["x"], ["v"], kernel_shape=[2, 2], strides=[2, 2])],
         [h.make_tensor_value_info("x", TP.FLOAT, [1, 2, 4, 4])],
         [h.make_tensor_value_info("v", TP.FLOAT, [1, 2, 2, 2])],
     )
     x = rng.standard_normal((1, 2, 4, 4)).astype(np.float32)
     out, _ = _run(model, x)
-    np.testing.assert_allclose(out, _ort(model, x=x), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(out, run_ort(model, x=x), rtol=1e-6, atol=1e-6)

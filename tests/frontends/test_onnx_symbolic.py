@@ -11,21 +11,10 @@ ort = pytest.importorskip("onnxruntime")
 from onnx import TensorProto as TP  # noqa: E402
 from onnx import helper as h  # noqa: E402
 from onnx import numpy_helper as nh  # noqa: E402
+from onnx_graphs import onnx_model, run_ort  # noqa: E402
 
 TARGET = "llvm -num-cores=1"
 END = np.iinfo(np.int64).max
-
-
-def _model(nodes, inputs, outputs, inits=(), opset=13):
-    graph = h.make_graph(nodes, "g", inputs, outputs, list(inits))
-    model = h.make_model(graph, opset_imports=[h.make_opsetid("", opset)])
-    model.ir_version = 8
-    return model
-
-
-def _ort(model, **feeds):
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return session.run(None, feeds)[0]
 
 
 def _ints(name, values):
@@ -47,7 +36,7 @@ def _check_two_sizes(model, shapes, rng, rtol=1e-5):
     exe = tvmamp.build(mod, "O0", TARGET, params=params)
     for shape in shapes:
         x = rng.uniform(0.5, 1.5, shape).astype(np.float32)
-        ref = _ort(model, x=x)
+        ref = run_ort(model, x=x)
         out = np.asarray(exe(x))
         assert out.shape == ref.shape
         np.testing.assert_allclose(out, ref, rtol=rtol, atol=rtol * float(np.abs(ref).max()))
@@ -66,7 +55,7 @@ def test_range_over_a_symbolic_length_keeps_it(rng):
         nh.from_array(np.array(1, np.int64), "one"),
         _ints("flat", [-1]),
     ]
-    model = _model(
+    model = onnx_model(
         nodes,
         [h.make_tensor_value_info("x", TP.FLOAT, ["batch", "seq"])],
         [h.make_tensor_value_info("y", TP.FLOAT, [None])],
@@ -86,7 +75,7 @@ def test_range_down_from_a_symbolic_start_keeps_its_length(rng):
         h.make_node("Reshape", ["prod", "flat"], ["y"]),
     ]
     inits = [nh.from_array(np.array(-1, np.int64), "down"), _ints("flat", [-1])]
-    model = _model(
+    model = onnx_model(
         nodes,
         [h.make_tensor_value_info("x", TP.FLOAT, ["batch", "seq"])],
         [h.make_tensor_value_info("y", TP.FLOAT, [None])],
@@ -110,7 +99,7 @@ def test_slice_to_the_end_from_a_symbolic_start(rng):
         _ints("one", [1]),
         _ints("end", [END]),
     ]
-    model = _model(
+    model = onnx_model(
         nodes,
         [h.make_tensor_value_info("x", TP.FLOAT, ["batch", "seq"])],
         [h.make_tensor_value_info("y", TP.FLOAT, ["batch", "seq"])],
@@ -134,7 +123,7 @@ def test_slice_with_negative_and_open_bounds_on_a_symbolic_axis(rng):
         _ints("end", [END]),
         _ints("flat", [-1]),
     ]
-    model = _model(
+    model = onnx_model(
         nodes,
         [h.make_tensor_value_info("x", TP.FLOAT, ["batch", "seq", 3])],
         [h.make_tensor_value_info("y", TP.FLOAT, [None])],
@@ -171,7 +160,7 @@ def test_gather_of_a_shape_picking_static_dims_is_a_constant(rng):
         _ints("two", [2]),
         _ints("flat", [-1]),
     ]
-    model = _model(
+    model = onnx_model(
         nodes,
         [h.make_tensor_value_info("x", TP.FLOAT, ["batch", "seq", 16])],
         [h.make_tensor_value_info("y", TP.FLOAT, [None])],
@@ -189,7 +178,7 @@ def test_gather_of_a_shape_held_in_a_variable(rng):
         h.make_node("Cast", ["rows"], ["rowsf"], to=TP.FLOAT),
         h.make_node("Add", ["s", "rowsf"], ["y"]),
     ]
-    model = _model(
+    model = onnx_model(
         nodes,
         [
             h.make_tensor_value_info("x", TP.FLOAT, ["batch", "seq"]),
@@ -203,7 +192,7 @@ def test_gather_of_a_shape_held_in_a_variable(rng):
     for shape, n in [((2, 6), 4), ((3, 9), 9)]:
         x = rng.uniform(0.5, 1.5, shape).astype(np.float32)
         ends = np.array([n], np.int64)
-        ref = _ort(model, x=x, n=ends)
+        ref = run_ort(model, x=x, n=ends)
         np.testing.assert_allclose(np.asarray(exe(x, ends)), ref, rtol=1e-6, atol=1e-6)
 
 
@@ -213,7 +202,7 @@ def test_expand_of_symbolic_dims_to_a_constant_shape(rng):
         h.make_node("Expand", ["x", "shape"], ["e"]),
         h.make_node("Add", ["e", "x"], ["y"]),
     ]
-    model = _model(
+    model = onnx_model(
         nodes,
         [h.make_tensor_value_info("x", TP.FLOAT, ["batch", "seq", 1])],
         [h.make_tensor_value_info("y", TP.FLOAT, ["batch", "seq", 4])],
@@ -241,7 +230,7 @@ def test_pad_with_pads_computed_from_the_shape(rng):
         _ints("none", [0, 0, 0]),
         nh.from_array(np.array(0.5, np.float32), "value"),
     ]
-    model = _model(
+    model = onnx_model(
         nodes,
         [h.make_tensor_value_info("x", TP.FLOAT, ["batch", "seq"])],
         [h.make_tensor_value_info("y", TP.FLOAT, ["batch", None])],
@@ -260,7 +249,7 @@ def _baked_length_model(rng):
         nh.from_array(rng.standard_normal((1, 8)).astype(np.float32), "bias"),
         _ints("flat", [-1]),
     ]
-    return _model(
+    return onnx_model(
         nodes,
         [h.make_tensor_value_info("x", TP.FLOAT, ["batch", "seq"])],
         [h.make_tensor_value_info("y", TP.FLOAT, [None])],
@@ -276,7 +265,7 @@ def test_shape_dict_none_keeps_a_dim_symbolic(rng):
     exe = tvmamp.build(mod, "O0", TARGET, params=params)
     for rows in (2, 5):
         x = rng.uniform(0.5, 1.5, (rows, 8)).astype(np.float32)
-        np.testing.assert_allclose(np.asarray(exe(x)), _ort(model, x=x), rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(exe(x)), run_ort(model, x=x), rtol=1e-6, atol=1e-6)
     assert model.graph.input[0].type.tensor_type.shape.dim[1].dim_param == "seq"  # not modified
 
 
@@ -303,7 +292,7 @@ def test_converters_are_restored_after_an_import_that_fails():
         h.make_node("Mul", ["shp", "two"], ["sizes"]),
         h.make_node("Resize", ["x", "", "", "sizes"], ["y"], mode="nearest"),
     ]
-    model = _model(
+    model = onnx_model(
         nodes,
         [h.make_tensor_value_info("x", TP.FLOAT, ["batch", 2, 4, 4])],
         [h.make_tensor_value_info("y", TP.FLOAT, ["batch", 2, 8, 8])],
