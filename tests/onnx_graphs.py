@@ -19,3 +19,23 @@ def run_ort(model, **feeds):
 
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     return session.run(None, feeds)[0]
+
+
+def resize_by_shape():
+    """``Resize`` to sizes computed from ``Shape(x)`` over a symbolic batch: a model TVM's
+    importer refuses (it needs the sizes static)."""
+    import numpy as np
+    from onnx import TensorProto, numpy_helper
+    from onnx import helper as h
+
+    nodes = [
+        h.make_node("Shape", ["x"], ["shp"]),
+        h.make_node("Mul", ["shp", "two"], ["sizes"]),
+        h.make_node("Resize", ["x", "", "", "sizes"], ["y"], mode="nearest"),
+    ]
+    return onnx_model(
+        nodes,
+        [h.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 2, 4, 4])],
+        [h.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2, 8, 8])],
+        [numpy_helper.from_array(np.array([1, 1, 2, 2], np.int64), "two")],
+    )

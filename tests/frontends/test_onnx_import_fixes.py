@@ -12,7 +12,7 @@ ort = pytest.importorskip("onnxruntime")
 from onnx import TensorProto as TP  # noqa: E402
 from onnx import helper as h  # noqa: E402
 from onnx import numpy_helper as nh  # noqa: E402
-from onnx_graphs import onnx_model, run_ort  # noqa: E402
+from onnx_graphs import onnx_model, resize_by_shape, run_ort  # noqa: E402
 
 TARGET = "llvm -num-cores=1"
 
@@ -116,17 +116,7 @@ def test_torch_glu_with_a_dynamic_batch_runs(rng, tmp_path):
 
 def test_importer_failure_with_symbolic_inputs_suggests_shape_dict():
     # Resize sizes computed from Shape: TVM's importer needs them static.
-    nodes = [
-        h.make_node("Shape", ["x"], ["shp"]),
-        h.make_node("Mul", ["shp", "two"], ["sizes"]),
-        h.make_node("Resize", ["x", "", "", "sizes"], ["y"], mode="nearest"),
-    ]
-    model = onnx_model(
-        nodes,
-        [h.make_tensor_value_info("x", TP.FLOAT, ["batch", 2, 4, 4])],
-        [h.make_tensor_value_info("y", TP.FLOAT, ["batch", 2, 8, 8])],
-        [nh.from_array(np.array([1, 1, 2, 2], np.int64), "two")],
-    )
+    model = resize_by_shape()
     with pytest.raises(ValueError, match=r"symbolic input dimensions.*shape_dict=\{'x'") as info:
         tvmamp.from_onnx(model)
     assert info.value.__cause__ is not None

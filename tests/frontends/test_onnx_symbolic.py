@@ -11,7 +11,7 @@ ort = pytest.importorskip("onnxruntime")
 from onnx import TensorProto as TP  # noqa: E402
 from onnx import helper as h  # noqa: E402
 from onnx import numpy_helper as nh  # noqa: E402
-from onnx_graphs import onnx_model, run_ort  # noqa: E402
+from onnx_graphs import onnx_model, resize_by_shape, run_ort  # noqa: E402
 
 TARGET = "llvm -num-cores=1"
 END = np.iinfo(np.int64).max
@@ -287,17 +287,7 @@ def test_converters_are_restored_after_an_import_that_fails():
     from tvm.relax.frontend.onnx import onnx_frontend
 
     before = onnx_frontend._get_convert_map
-    nodes = [
-        h.make_node("Shape", ["x"], ["shp"]),
-        h.make_node("Mul", ["shp", "two"], ["sizes"]),
-        h.make_node("Resize", ["x", "", "", "sizes"], ["y"], mode="nearest"),
-    ]
-    model = onnx_model(
-        nodes,
-        [h.make_tensor_value_info("x", TP.FLOAT, ["batch", 2, 4, 4])],
-        [h.make_tensor_value_info("y", TP.FLOAT, ["batch", 2, 8, 8])],
-        [_ints("two", [1, 1, 2, 2])],
-    )
+    model = resize_by_shape()
     with pytest.raises(ValueError, match="symbolic input dimensions"):
         tvmamp.from_onnx(model)
     assert onnx_frontend._get_convert_map is before
