@@ -30,6 +30,16 @@ def _dim(shape, axis, out):
     ]
 
 
+def _rows_model(nodes, inits, out_dims):
+    """A model of ``nodes`` from ``x[batch, seq]`` (fp32) to ``y`` of ``out_dims``."""
+    return onnx_model(
+        nodes,
+        [h.make_tensor_value_info("x", TP.FLOAT, ["batch", "seq"])],
+        [h.make_tensor_value_info("y", TP.FLOAT, out_dims)],
+        inits,
+    )
+
+
 def _check_two_sizes(model, shapes, rng, rtol=1e-5):
     """Import without shape_dict, build once, and match onnxruntime at each input shape."""
     mod, params = tvmamp.from_onnx(model)
@@ -55,12 +65,7 @@ def test_range_over_a_symbolic_length_keeps_it(rng):
         nh.from_array(np.array(1, np.int64), "one"),
         _ints("flat", [-1]),
     ]
-    model = onnx_model(
-        nodes,
-        [h.make_tensor_value_info("x", TP.FLOAT, ["batch", "seq"])],
-        [h.make_tensor_value_info("y", TP.FLOAT, [None])],
-        inits,
-    )
+    model = _rows_model(nodes, inits, [None])
     _check_two_sizes(model, [(2, 5), (3, 9)], rng)
 
 
@@ -75,12 +80,7 @@ def test_range_down_from_a_symbolic_start_keeps_its_length(rng):
         h.make_node("Reshape", ["prod", "flat"], ["y"]),
     ]
     inits = [nh.from_array(np.array(-1, np.int64), "down"), _ints("flat", [-1])]
-    model = onnx_model(
-        nodes,
-        [h.make_tensor_value_info("x", TP.FLOAT, ["batch", "seq"])],
-        [h.make_tensor_value_info("y", TP.FLOAT, [None])],
-        inits,
-    )
+    model = _rows_model(nodes, inits, [None])
     _check_two_sizes(model, [(2, 5), (3, 9)], rng)
 
 
@@ -99,12 +99,7 @@ def test_slice_to_the_end_from_a_symbolic_start(rng):
         _ints("one", [1]),
         _ints("end", [END]),
     ]
-    model = onnx_model(
-        nodes,
-        [h.make_tensor_value_info("x", TP.FLOAT, ["batch", "seq"])],
-        [h.make_tensor_value_info("y", TP.FLOAT, ["batch", "seq"])],
-        inits,
-    )
+    model = _rows_model(nodes, inits, ["batch", "seq"])
     _check_two_sizes(model, [(2, 5), (3, 16)], rng)
 
 
@@ -230,12 +225,7 @@ def test_pad_with_pads_computed_from_the_shape(rng):
         _ints("none", [0, 0, 0]),
         nh.from_array(np.array(0.5, np.float32), "value"),
     ]
-    model = onnx_model(
-        nodes,
-        [h.make_tensor_value_info("x", TP.FLOAT, ["batch", "seq"])],
-        [h.make_tensor_value_info("y", TP.FLOAT, ["batch", None])],
-        inits,
-    )
+    model = _rows_model(nodes, inits, ["batch", None])
     _check_two_sizes(model, [(2, 5), (3, 8)], rng)
 
 
@@ -249,12 +239,7 @@ def _baked_length_model(rng):
         nh.from_array(rng.standard_normal((1, 8)).astype(np.float32), "bias"),
         _ints("flat", [-1]),
     ]
-    return onnx_model(
-        nodes,
-        [h.make_tensor_value_info("x", TP.FLOAT, ["batch", "seq"])],
-        [h.make_tensor_value_info("y", TP.FLOAT, [None])],
-        inits,
-    )
+    return _rows_model(nodes, inits, [None])
 
 
 def test_shape_dict_none_keeps_a_dim_symbolic(rng):
