@@ -426,10 +426,11 @@ def schedule_injective(
     """Vectorise and parallelise a root-level spatial block.
 
     The innermost loop is split by ``lanes`` when it divides evenly; otherwise all loops are
-    fused and split by the largest divisor of the total that fits in ``lanes``. A block that
-    reads a transposed operand is tiled in squares of at most ``lanes`` (:func:`_square_tile`)
-    over its two innermost loops. The loops outside the vector are fused and, when
-    ``parallel``, run in parallel.
+    fused and split by the largest divisor of the total that fits in ``lanes``. A symbolic
+    innermost extent leaves the nest to LLVM's loop vectoriser (:func:`_symbolic_rows`). A
+    block that reads a transposed operand is tiled in squares of at most ``lanes``
+    (:func:`_square_tile`) over its two innermost loops. The loops outside the vector are
+    fused and, when ``parallel``, run in parallel.
 
     With vectors of 16 elements or more, a transposing copy (or fp32 -> bf16 cast) of 16- or
     32-bit elements is copied by 16 x 16 register transposes (:mod:`.transpose_intrin`): in
