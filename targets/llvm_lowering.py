@@ -36,6 +36,7 @@ from tvm.ir.expr import Expr
 from tvm_ffi.structural import WalkResult
 
 from ..schedules.cpu.prefetch import inject_prefetch
+from .registry import derived_pass_context
 
 # The TIR pipeline name the llvm target entry builds with (tvm.tirx.register_tir_pipeline).
 PIPELINE = "tvmamp.llvm"
@@ -149,14 +150,7 @@ def _large_without_cse(lower: tvm.transform.Pass) -> tvm.transform.Pass:
             )
             for is_large in (False, True)
         ]
-        current = tvm.transform.PassContext.current()
-        with tvm.transform.PassContext(
-            opt_level=current.opt_level,
-            required_pass=current.required_pass,
-            disabled_pass=current.disabled_pass,
-            instruments=current.instruments,
-            config={**dict(current.config), "tirx.disable_cse_tir": True},
-        ):
+        with derived_pass_context({"tirx.disable_cse_tir": True}):
             lowered = lower(parts[1])
         rest = lower(parts[0]) if parts[0].functions else parts[0]
         rest.update(lowered)

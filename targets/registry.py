@@ -252,3 +252,17 @@ def _entry_by_alias(name: str) -> TargetEntry:
     if name in TARGET_ALIASES and TARGET_ALIASES[name] in REGISTRY:
         return REGISTRY[TARGET_ALIASES[name]]
     raise _unknown_target(name)
+
+
+def derived_pass_context(config=None, instruments=()) -> tvm.transform.PassContext:
+    """The current PassContext (opt level, required and disabled passes, instruments, config)
+    with ``config`` over its options and ``instruments`` after its own: a target entry's
+    ``pass_config`` for a build, a lowering option for some kernels, a recording instrument."""
+    current = tvm.transform.PassContext.current()
+    return tvm.transform.PassContext(
+        opt_level=current.opt_level,
+        required_pass=current.required_pass,
+        disabled_pass=current.disabled_pass,
+        instruments=[*current.instruments, *instruments],
+        config={**dict(current.config), **(config or {})},
+    )

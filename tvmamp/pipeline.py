@@ -34,6 +34,7 @@ from tvmamp.executable import Executable
 from tvmamp.relay_passes import low_reductions, nan_ops
 from tvmamp.relay_passes.size_params import SizeParamsAsShapes
 from tvmamp.relay_passes.symbolic_order import OrderShapeDefinitions
+from tvmamp.targets.registry import derived_pass_context
 
 # ``hook(converted) -> tvm.IRModule``: rewrites every converted module before it is lowered while
 # registered (the debugging tools insert their packed calls this way). With no hook registered
@@ -215,12 +216,4 @@ def compile_converted(
 
 def _pass_context(converted: Converted) -> tvm.transform.PassContext:
     """The caller's PassContext plus the target entry's options (cp.async on sm_80+)."""
-    current = tvm.transform.PassContext.current()
-    config = {**dict(current.config), **converted.entry.pass_config(converted.target)}
-    return tvm.transform.PassContext(
-        opt_level=current.opt_level,
-        required_pass=current.required_pass,
-        disabled_pass=current.disabled_pass,
-        instruments=current.instruments,
-        config=config,
-    )
+    return derived_pass_context(converted.entry.pass_config(converted.target))

@@ -27,6 +27,7 @@ from tvm import s_tir, tirx
 
 from tvmamp.conversion import Converted
 from tvmamp.pipeline import run_front_phases
+from tvmamp.targets.registry import derived_pass_context
 
 # The pass of tvmamp.pipeline.compile_converted that runs phases 3-5 (schedules to VM code).
 LOWER_PASS = "tvmamp.Lower"
@@ -239,15 +240,7 @@ def kernel_cost_recording():
         prof = tvmamp.debugging.profile(exe, inputs, costs=costs)
     """
     costs = KernelCosts()
-    current = tvm.transform.PassContext.current()
-    ctx = tvm.transform.PassContext(
-        opt_level=current.opt_level,
-        required_pass=current.required_pass,
-        disabled_pass=current.disabled_pass,
-        instruments=[*current.instruments, _CostRecorder(costs)],
-        config=dict(current.config),
-    )
-    with ctx:
+    with derived_pass_context(instruments=[_CostRecorder(costs)]):
         yield costs
 
 
