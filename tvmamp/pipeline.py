@@ -31,7 +31,7 @@ from tvm import relax
 
 from tvmamp.conversion import Converted
 from tvmamp.executable import Executable
-from tvmamp.relay_passes import low_reductions, nan_ops
+from tvmamp.relay_passes import low_reductions, nan_ops, symbolic_reshape
 from tvmamp.relay_passes.size_params import SizeParamsAsShapes
 from tvmamp.relay_passes.symbolic_order import OrderShapeDefinitions
 from tvmamp.targets.registry import derived_pass_context
@@ -77,10 +77,12 @@ def legalize_passes(target=None, entry=None) -> list:
     rules = {
         **low_reductions.LEGALIZE_MAP,
         **nan_ops.LEGALIZE_MAP,
+        **symbolic_reshape.LEGALIZE_MAP,
         **(entry.legalize_rules(target) if entry is not None else {}),
     }
     return [
-        # low reductions add up in fp32; ReLU, clip, maximum and minimum keep NaN
+        # low reductions add up in fp32; ReLU, clip, maximum and minimum keep NaN; a symbolic
+        # reshape TVM cannot prove a view stays one
         relax.transform.LegalizeOps(rules),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),
