@@ -13,8 +13,8 @@ from tvm.target import Target
 
 from .common import (
     CPURule,
-    NotApplicable,
     all_static,
+    divisible,
     inline_epilogue,
     largest_divisor,
     logger,
@@ -38,9 +38,10 @@ class CPUMatmul(CPURule):
     ``I`` and ``J`` are padded to whole tiles; ``B`` is packed into ``[S, J / tile_j, K,
     tile_j]`` panels, one panel per outer ``J`` iteration so that it stays in L2; each
     ``tile_i x tile_j`` accumulator lives in a ``local`` buffer that LLVM keeps in vector
-    registers; the fused epilogue runs on the finished tile. Shapes must be static but for
-    ``S`` (the batch of an attention's matmuls under a dynamic batch): its packed panels stay in
-    the kernel, so a symbolic ``S`` is no obstacle.
+    registers; the fused epilogue runs on the finished tile. Any extent may be symbolic (an
+    attention's matmuls over a dynamic batch and sequence length): the padded copy of ``A`` and
+    the packed panels of ``B`` are buffers of the kernel, padded to whole tiles there, so no
+    extent needs to be known at compile time. A symbolic ``K`` is not unrolled.
 
     An fp32 GEMV or small-batch GEMM (few rows, a 2-D weight read from a parameter) gets the
     schedule of :mod:`.gemv` instead: its weight is packed at compile time into panels that
@@ -78,7 +79,7 @@ class CPUMatmul(CPURule):
         self.gemv_config = gemv_config
 
     def takes_shapes(self, sch: s_tir.Schedule) -> bool:
-        """Any shapes: :func:`_make_plan` refuses a symbolic ``I``, ``J`` or ``K``."""
+        """Any shapes: a symbolic extent is padded to whole tiles in the kernel."""
         return True
 
     def get_config(self, target: Target) -> Config:
@@ -127,7 +128,7 @@ class CPUMatmul(CPURule):
 class _Plan:
     """Tile sizes and packing decisions for one normalised matmul."""
 
-    extents: list  # [S, I, J, K]: ints, S may be symbolic
+    extents: list  # [S, I, J, K]: ints, or PrimExprs where symbolic
     tile_i: int
     tile_j: int
     unroll_k: int
@@ -135,34 +136,33 @@ class _Plan:
 
     @property
     def pad_i(self) -> bool:
-        return self.extents[1] % self.tile_i != 0
+        return not divisible(self.extents[1], self.tile_i)
 
     @property
     def pad_j(self) -> bool:
-        return self.extents[2] % self.tile_j != 0
+        return not divisible(self.extents[2], self.tile_j)
 
 
 def _make_plan(
     sch: s_tir.Schedule, main: SBlockRV, target: Target, config: CPUMatmul.Config, dense: bool
 ) -> _Plan:
-    """Choose the tiles for the normalised block ``main``."""
+    """Choose the tiles for the normalised block ``main``; a symbolic extent counts as
+    :data:`.common.NOMINAL_EXTENT` (many rows, columns and reduction values)."""
     block = sch.get(main)
     acc_dtype = str(block.writes[0].source.dtype)
     lanes = vector_lanes(target, acc_dtype)
     extents = [static_extent(iv.dom.extent) for iv in block.iter_vars]
-    if None in extents[1:]:
-        raise NotApplicable("the rows, columns or reduction of the GEMM are symbolic")
-    extents[0] = extents[0] if extents[0] is not None else block.iter_vars[0].dom.extent
+    extents = [e if e is not None else iv.dom.extent for e, iv in zip(extents, block.iter_vars)]
+    _, rows, cols, depth = (nominal(e) for e in extents)
     tile_j = lanes * config.vectors_j
-    while tile_j > lanes and tile_j // 2 >= extents[2]:
+    while tile_j > lanes and tile_j // 2 >= cols:
         tile_j //= 2
-    tile_i = min(config.tile_i, extents[1])
     return _Plan(
         extents=extents,
-        tile_i=tile_i,
+        tile_i=min(config.tile_i, rows),
         tile_j=tile_j,
-        unroll_k=largest_divisor(extents[3], config.unroll_k),
-        pack_b=dense or extents[1] >= config.pack_min_rows,
+        unroll_k=largest_divisor(depth, config.unroll_k) if isinstance(extents[3], int) else 1,
+        pack_b=dense or rows >= config.pack_min_rows,
     )
 
 

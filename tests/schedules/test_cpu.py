@@ -149,11 +149,55 @@ def test_dense_transposed_weight():
     np.testing.assert_allclose(y.numpy(), x.astype("float64") @ w.T, rtol=1e-5, atol=1e-4)
 
 
-def test_matmul_dynamic_shape_not_handled():
+def test_matmul_over_symbolic_rows():
+    """``x[n, 32] @ w``, fp32, ``n`` symbolic: the rows are padded to whole tiles in the kernel
+    (the rule declined: a scalar loop)."""
     n = tvm.tirx.Var("n", "int64")
     inputs = {"x": ((n, 32), "float32"), "w": ((32, 48), "float32")}
-    mod = _schedule(_module(inputs, lambda bb, x, w: relax.op.matmul(x, w)))
-    assert CPUMatmul().apply(mod["matmul"], TARGET, False) is None
+    mod = _module(inputs, lambda bb, x, w: relax.op.matmul(x, w))
+    kernel = _schedule(mod)["matmul"]
+    assert kernel.attrs["tirx.is_scheduled"] and "T.vectorized" in kernel.script()
+    rng = np.random.default_rng(5)
+    w = _randn(rng, (32, 48))
+    for rows in (1, 13):
+        x = _randn(rng, (rows, 32))
+        out, _ = _run(mod, x, w)
+        np.testing.assert_allclose(out, x.astype("float64") @ w, rtol=1e-5, atol=1e-4)
+
+
+def _scores(bb, q, k):
+    return relax.op.matmul(q, bb.emit(relax.op.permute_dims(k, [0, 2, 1])), out_dtype="float32")
+
+
+def _context(bb, p, v):
+    return relax.op.matmul(p, v, out_dtype="float32")
+
+
+@pytest.mark.parametrize(
+    ("body", "operands"),
+    [(_scores, lambda n: [(n, 40), (n, 40)]), (_context, lambda n: [(n, n), (n, 24)])],
+    ids=["q @ k.T", "p @ v"],
+)
+def test_attention_over_a_symbolic_length(body, operands):
+    """An attention's bf16 GEMMs over a dynamic sequence length ``n``: ``q @ k.T`` has ``n``
+    columns, ``p @ v`` reduces over ``n``. Neither fits the bf16 rule (its packed ``B`` must
+    be split out of the kernel, which TVM does for static shapes only), and the widening rule
+    declined them too: scalar loops, 30x slower (MPT exported with dynamic axes spent most
+    of its time there). The widening rule now pads and packs them in the kernel."""
+    b, n = tvm.tirx.Var("b", "int64"), tvm.tirx.Var("n", "int64")
+    names = body.__code__.co_varnames[1:3]
+    shapes = [(b, *shape) for shape in operands(n)]
+    inputs = {name: (shape, "bfloat16") for name, shape in zip(names, shapes, strict=True)}
+    mod = _module(inputs, body)
+    kernel = _schedule(mod)["matmul"]
+    assert kernel.attrs["tirx.is_scheduled"] and "T.vectorized" in kernel.script()
+    rng = np.random.default_rng(6)
+    for batch, length in ((2, 32), (3, 77)):
+        a, c = (_randn(rng, (batch, *s), "bfloat16") for s in operands(length))
+        out, _ = _run(mod, a, c)
+        c64 = c.astype("float64")
+        ref = a.astype("float64") @ (c64.transpose(0, 2, 1) if body is _scores else c64)
+        np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.parametrize("batch", [1, 3])
