@@ -18,6 +18,7 @@ import math
 import tvm
 import tvm_ffi
 from tvm import relax, te, tirx, topi
+from tvm.sym.analyzer import Analyzer
 
 from .bindings import bound_values, call_of, scalar_constant
 from .gemm_softmax import ROW_SOFTMAX
@@ -138,20 +139,37 @@ _CHUNK = 16
 
 
 def row_reduce(x, axis: int, reduce, combine):
-    """``reduce`` over ``axis`` (dropped): a body of whole chunks, then the tail (one
-    reduction when the axis is symbolic, e.g. a dynamic sequence length)."""
+    """``reduce`` over ``axis`` (dropped): a body of whole chunks, then the tail.
+
+    A symbolic axis (a dynamic sequence length) is split the same way, unless it is provably
+    whole chunks: its body, ``n // 16 * 16``, is provably whole vectors for the row-reduction
+    schedule. At run time either part may then be empty, and an empty reduction is never
+    initialised (its initial value is written in its first iteration), so the result selects
+    the other part alone: without that, a length of 16, 32 or 128 read the tail's
+    uninitialised maximum, and MPT's output was garbage.
+    """
     n = x.shape[axis]
     shape = [d for i, d in enumerate(x.shape) if i != axis]
-    if not isinstance(n, tirx.IntImm):
-        return te.compute(shape, _reducer(x, axis, reduce, 0, te.reduce_axis((0, n))))
-    n = int(n)
-    body = n - n % _CHUNK
+    if isinstance(n, tirx.IntImm):
+        n = int(n)
+        body = n - n % _CHUNK
+        split = 0 < body < n
+    else:
+        body = n // _CHUNK * _CHUNK
+        split = not Analyzer().can_prove(tirx.floormod(n, _CHUNK) == 0)
     parts = []
-    for start, size in ((0, body), (body, n - body)) if 0 < body < n else ((0, n),):
+    for start, size in ((0, body), (body, n - body)) if split else ((0, n),):
         parts.append(te.compute(shape, _reducer(x, axis, reduce, start, te.reduce_axis((0, size)))))
     if len(parts) == 1:
         return parts[0]
-    return te.compute(shape, lambda *i: combine(parts[0](*i), parts[1](*i)))
+    if isinstance(n, int):
+        return te.compute(shape, lambda *i: combine(parts[0](*i), parts[1](*i)))
+
+    def either(*i):
+        both = combine(parts[0](*i), parts[1](*i))
+        return tirx.Select(body == 0, parts[1](*i), tirx.Select(body == n, parts[0](*i), both))
+
+    return te.compute(shape, either)
 
 
 def _reducer(x, axis: int, reduce, start: int, k):

@@ -21,6 +21,7 @@ from tvm.target import Target
 
 from .common import (
     CPURule,
+    divisible,
     nominal,
     num_cores,
     param_buffers,
@@ -44,9 +45,13 @@ class CPURowReduction(CPURule):
     """Softmax-, norm- and mean-like functions: reductions over the trailing axes of each row.
 
     Fits a function whose blocks all share their leading spatial axes (the rows; their number
-    may be symbolic, as under a dynamic batch; the row length must be static),
-    with at least one reduction, each over a multiple of the SIMD width, and an injective last
-    block. Casts and other injective blocks
+    may be symbolic, as under a dynamic batch), with at least one reduction, each over a
+    multiple of the SIMD width or shorter than two vectors, and an injective last block. A
+    symbolic row length (a dynamic sequence length) is taken too: a reduction over it
+    accumulates in SIMD registers where its length is provably whole vectors (the body of
+    fast-math softmax, ``relay_passes/fast_math.py``), else it stays a scalar loop (the
+    softmax's tail of at most 15 values), and injective loops over it are left to LLVM's loop
+    vectoriser; such rows are not grouped or cut into chunks. Casts and other injective blocks
     before the first reduction, and per-row scalars (a mean), are inlined; epilogues are
     inlined into the last block. Rows run in a fused outer loop (parallel when the target has
     several cores and the work is large enough); inside a row every remaining block is a
@@ -61,8 +66,7 @@ class CPURowReduction(CPURule):
     """
 
     def takes_shapes(self, sch: s_tir.Schedule) -> bool:
-        """Any shapes: :func:`_schedule` declines a symbolic extent outside the rows (a
-        dynamic batch makes only the number of rows symbolic)."""
+        """Any shapes: the rows and their length may be symbolic."""
         return True
 
     def apply(  # pylint: disable=missing-function-docstring
@@ -115,17 +119,16 @@ def _schedule(sch: s_tir.Schedule, target: Target) -> bool:
             return False
         return _schedule_one_row(sch, infos, rows, lanes, target)
     lengths = [_row_length(sch, b.block_rv, rows) for b in infos if not b.is_injective()]
-    if None in lengths or _row_length(sch, last, rows) is None:
-        return False  # a symbolic row length
-    if any(n % lanes and n >= 2 * lanes for n in lengths):
+    if any(n is not None and n % lanes and n >= 2 * lanes for n in lengths):
         return False  # a long ragged reduction would stay scalar, as in dlight.cpu.Reduction
+    symbolic = None in lengths or _row_length(sch, last, rows) is None
     work = sum(_iterations(sch, b.block_rv) for b in infos)
-    chunks = _long_row_chunks(sch, infos, rows, lanes, target, work)
+    chunks = 1 if symbolic else _long_row_chunks(sch, infos, rows, lanes, target, work)
     if chunks > 1:
         _schedule_long_rows(sch, infos, rows, lanes, chunks)
         return True
     count = _row_count(sch, last, rows)
-    group = 1 if count is None else _row_group(count, max(lengths), lanes)
+    group = 1 if count is None or symbolic else _row_group(count, max(lengths), lanes)
     if rows > 1 and not all(_writes_intermediate(sch, b.block_rv) for b in infos[:-1]):
         group = 1  # a stage writes a kernel output, whose layout must stay
     if group > 1 and rows > 1:
@@ -331,7 +334,9 @@ def _rfactor(
     loops = sch.get_loops(block)[rows:]
     red = sch.fuse(*loops) if len(loops) > 1 else loops[0]
     extent = static_extent(sch.get(red).extent)
-    if extent < 2 * lanes:
+    if extent is None and not divisible(sch.get(red).extent, lanes):
+        return None  # symbolic, not provably whole vectors: fast-math softmax's tail
+    if extent is not None and extent < 2 * lanes:
         return None
     _, lane = sch.split(red, [None, lanes])
     # the lanes last in the partial-result buffer: a group of rows keeps each row's in a vector
@@ -368,8 +373,8 @@ def _vector_inner(
         return
     fused = sch.fuse(*inner) if len(inner) > 1 else inner[0]
     extent = static_extent(sch.get(fused).extent)
-    if extent < lanes or extent % lanes:
-        return
+    if extent is None or extent < lanes or extent % lanes:
+        return  # a symbolic extent too: LLVM's loop vectoriser adds the tail
     _, vec = sch.split(fused, [None, lanes])
     sch.vectorize(vec)
 
