@@ -447,9 +447,9 @@ def schedule_injective(
         vector = largest_divisor(extents[-1], lanes)
         vec_outer, vec = sch.split(loops[-1], [None, vector])
         sch.vectorize(vec)
-        fused = sch.fuse(*loops[:-1], vec_outer)
-        if parallel:
-            sch.parallel(fused)
+        outer = [*loops[:-1], vec_outer]
+        if parallel:  # the two outermost loops: fusing more makes every index a // and % chain
+            sch.parallel(sch.fuse(*outer[:2]) if len(outer) > 1 else outer[0])
         return
     square = _square_tile(extents, lanes) if len(loops) > 1 else None
     transposed = square is not None and _reads_transposed(sch.get(block))

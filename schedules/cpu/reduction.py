@@ -143,20 +143,29 @@ def _schedule(sch: s_tir.Schedule, target: Target) -> bool:
     for info in infos:
         if not info.is_injective():
             partials[id(info)] = _rfactor(sch, info.block_rv, rows, lanes)
-    row = sch.fuse(*sch.get_loops(last)[:rows])
+    row_loops = sch.get_loops(last)[:rows]
+    if all(isinstance(sch.get(loop).extent, (tirx.IntImm, tirx.Var)) for loop in row_loops):
+        row = outer = sch.fuse(*row_loops)
+        depth = 1
+    else:
+        # a row extent such as (samples - 400) // 320 + 1 (wav2vec 2.0's frames): compute_at
+        # under the fused rows could not bound their // and %, and guarded every block with
+        # a predicate that vectorize refuses; each block goes under the innermost row loop
+        row, outer, depth = row_loops[-1], row_loops[0], rows
     if group > 1:
         row, _ = sch.split(row, [None, group])
+        outer = row
     if use_parallel(target, work):
-        sch.parallel(row)
-    _vector_inner(sch, last, lanes, _row_length(sch, last, rows) if group > 1 else 0)
+        sch.parallel(outer)
+    _vector_inner(sch, last, lanes, _row_length(sch, last, rows) if group > 1 else 0, depth)
     for info in reversed(infos[:-1]):
         sch.compute_at(info.block_rv, row, preserve_unit_loops=True)
         if info.is_injective():
             length = _row_length(sch, info.block_rv, rows) if group > 1 else 0
-            _vector_inner(sch, info.block_rv, lanes, length)
+            _vector_inner(sch, info.block_rv, lanes, length, depth)
         elif partials[id(info)] is not None:
             sch.compute_at(partials[id(info)], row, preserve_unit_loops=True)
-            _vector_partial(sch, partials[id(info)])
+            _vector_partial(sch, partials[id(info)], depth)
     return True
 
 
@@ -343,32 +352,38 @@ def _rfactor(
     return sch.rfactor(lane, factor_axis=len(sch.get(block).writes[0].source.shape))
 
 
-def _vector_partial(sch: s_tir.Schedule, partial: s_tir.schedule.SBlockRV) -> None:
-    """Vectorise a partial-result block moved under its row loop: its init and its update.
+def _vector_partial(sch: s_tir.Schedule, partial: s_tir.schedule.SBlockRV, depth: int = 1) -> None:
+    """Vectorise a partial-result block moved under its ``depth`` row loops: its init and its
+    update.
 
     ``compute_at`` leaves its loops as ``row, lane, 1.., chunk``: the chunk loop goes outside
     and the lane loop is vectorised, the partial results staying in one register.
     """
     loops = sch.get_loops(partial)
-    lane, chunk = loops[1], loops[-1]
+    lane, chunk = loops[depth], loops[-1]
     sch.reorder(chunk, lane)
     sch.vectorize(lane)
     sch.decompose_reduction(partial, chunk)  # the init's copy of the lane loop stays vectorised
 
 
 def _vector_inner(
-    sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes: int, row_length: int = 0
+    sch: s_tir.Schedule,
+    block: s_tir.schedule.SBlockRV,
+    lanes: int,
+    row_length: int = 0,
+    depth: int = 1,
 ) -> None:
-    """Vectorise the axes of ``block`` inside the row loop (fused). With ``row_length`` (rows
-    handled in groups), only the trailing loops that cover one row of that many elements.
+    """Vectorise the axes of ``block`` inside its ``depth`` row loops (fused). With
+    ``row_length`` (rows handled in groups), only the trailing loops that cover one row of
+    that many elements.
 
     A row that is no multiple of ``lanes`` is left as one plain loop: TVM would scalarise a
     predicated vector loop whole, while LLVM's loop vectoriser adds a scalar tail itself.
     """
     loops = sch.get_loops(block)
-    inner = loops[1:] if len(loops) > 1 else []
+    inner = loops[depth:]
     if row_length:
-        inner = _trailing(sch, loops[1:], row_length)
+        inner = _trailing(sch, loops[depth:], row_length)
     if not inner:
         return
     fused = sch.fuse(*inner) if len(inner) > 1 else inner[0]

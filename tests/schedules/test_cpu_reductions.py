@@ -179,6 +179,35 @@ def test_symbolic_row_length():
         assert_close(exe(x), _ref_softmax(x.astype("float64")), rtol=1e-5, atol=1e-6, what=shape)
 
 
+def test_symbolic_rows_of_a_composite_length():
+    """A softmax over ``(batch, 4, f, f)`` where ``f = (w - 400) // 320 + 1`` (wav2vec 2.0's
+    attention over its frames): ``compute_at`` under the fused rows could not bound their
+    ``//`` and ``%``, guarded the blocks with predicates, and vectorize refused them, so the
+    rule declined (a scalar softmax, 5 GFLOP/s). Each block now goes under the innermost row
+    loop."""
+    target = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
+    batch, w = tvm.tirx.Var("batch", "int64"), tvm.tirx.Var("w", "int64")
+    frames = (w - 400) // 320 + 1
+    bb = relax.BlockBuilder()
+    samples = relax.Var("samples", relax.TensorType((w,), "float32"))  # defines w
+    x = relax.Var("x", relax.TensorType((batch, 4, frames, frames), "float32"))
+    with bb.function("main", [samples, x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.nn.softmax(x, axis=-1))
+        bb.emit_func_output(out)
+    mod = FastMath()(bb.get())
+    (func,) = _kernels(mod, target)
+    with target:
+        sch = CPURowReduction().apply(func, target, False)
+    assert sch is not None and "T.vectorized" in sch.mod.script()
+    exe = tvmamp.build(mod, "O0", "llvm")
+    for width in (1000, 5520):  # 2 and 17 frames
+        count = (width - 400) // 320 + 1
+        x = np.random.default_rng(width).uniform(-4, 4, (2, 4, count, count)).astype("float32")
+        out = exe(np.zeros(width, "float32") + 1, x)
+        assert_close(out, _ref_softmax(x.astype("float64")), rtol=1e-5, atol=1e-6, what=count)
+
+
 def _instance_norm(x):
     gamma, beta = relax.const(np.full(1, 1.5, "float32")), relax.const(np.full(1, 0.5, "float32"))
     return relax.op.nn.instance_norm(x, gamma, beta, channel_axis=1, axes=[2])
