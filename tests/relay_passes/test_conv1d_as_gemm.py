@@ -1,0 +1,129 @@
+"""Conv1dAsGemm: a conv1d over a symbolic length becomes an im2col gather and a GEMM."""
+
+import numpy as np
+import pytest
+import tvm
+from tolerances import assert_close, tolerance
+from tvm import relax
+
+import tvmamp
+from tvmamp.pipeline import run_front_phases
+from tvmamp.relay_passes.conv1d_as_gemm import Conv1dAsGemm
+
+TARGET = "llvm -mcpu=znver4"
+
+# (channels, filters, taps, stride, padding, dilation, groups)
+CASES = {
+    "wav2vec2 first layer": (1, 8, 10, 5, 0, 1, 1),
+    "padded, dilated": (6, 10, 3, 1, 2, 2, 1),
+    "strided": (8, 12, 3, 2, 1, 1, 1),
+    "grouped (positional conv)": (8, 12, 5, 1, 2, 1, 4),
+    "depthwise": (8, 8, 9, 1, 4, 1, 8),
+}
+
+
+def _conv_module(length, channels, filters, taps, stride, padding, dilation, groups):
+    rng = np.random.default_rng(taps)
+    weight = rng.standard_normal((filters, channels // groups, taps)).astype("float32") + 0.1
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((tvm.tirx.Var("n", "int64"), channels, length), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            conv = relax.op.nn.conv1d(
+                x, relax.const(weight), stride, padding, dilation, groups=groups
+            )
+            out = bb.emit_output(conv)
+        bb.emit_func_output(out)
+    return bb.get(), weight
+
+
+def _conv1d(x, weight, stride, padding, dilation, groups):
+    """float64 numpy conv1d, NCW / OIW."""
+    n, channels, _ = x.shape
+    filters, per_group, taps = weight.shape
+    xp = np.pad(x.astype("float64"), ((0, 0), (0, 0), (padding, padding)))
+    out_width = (xp.shape[2] - dilation * (taps - 1) - 1) // stride + 1
+    out = np.zeros((n, filters, out_width))
+    per_filter = filters // groups
+    for f in range(filters):
+        c0 = f // per_filter * per_group
+        for t in range(taps):
+            start = t * dilation
+            window = xp[
+                :, c0 : c0 + per_group, start : start + (out_width - 1) * stride + 1 : stride
+            ]
+            out[:, f] += np.einsum("ncw,c->nw", window, weight[f, :, t])
+    return out
+
+
+def _ops(mod):
+    names = []
+    relax.analysis.post_order_visit(
+        mod["main"], lambda e: names.append(e.op.name) if isinstance(e, relax.Call) else None
+    )
+    return names
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("level", ["O0", "O2"])
+def test_symbolic_length_conv1d_matches_numpy(case, level):
+    """Each geometry, at two batches and lengths, against float64 numpy; the conv1d is gone
+    (it was TVM's generic loops, which no CPU rule schedules) and a matmul took its place."""
+    channels, filters, taps, stride, padding, dilation, groups = CASES[case]
+    length = tvm.tirx.Var("w", "int64")
+    mod, weight = _conv_module(length, channels, filters, taps, stride, padding, dilation, groups)
+    ops = _ops(Conv1dAsGemm()(mod))
+    assert "relax.nn.conv1d" not in ops and "relax.matmul" in ops
+    kernels = run_front_phases(tvmamp.convert(mod, level, TARGET)).functions_items()
+    names = [gvar.name_hint for gvar, func in kernels if isinstance(func, tvm.tirx.PrimFunc)]
+    assert not [name for name in names if "conv1d" in name], names
+    exe = tvmamp.build(mod, level, TARGET)
+    rng = np.random.default_rng(len(case))
+    for batch, width in ((2, 40), (1, 77)):
+        x = rng.standard_normal((batch, channels, width)).astype("float32")
+        ref = _conv1d(x, weight, stride, padding, dilation, groups)
+        dtype = "float32" if level == "O0" else "bfloat16"
+        tol = tolerance(dtype, np.abs(ref).max())
+        assert_close(exe(x), ref, **tol, what=f"{case} {level} {x.shape}")
+
+
+def test_grouped_conv_over_frames_of_a_strided_conv():
+    """wav2vec 2.0's positional conv (grouped, many taps) over the frames of a strided conv,
+    a length of ``(w - 40) // 32 + 1``: its gather, fused over every loop outside its vector,
+    failed to lower ("padding factor ... is not divisible", TVM's iter-map rewriter), and
+    the build stopped. Built at O2 and checked against float64 numpy at two lengths."""
+    rng = np.random.default_rng(7)
+    first = rng.standard_normal((16, 1, 40)).astype("float32")
+    positional = rng.standard_normal((16, 4, 32)).astype("float32") * 0.1
+    bb = relax.BlockBuilder()
+    x = relax.Var(
+        "x",
+        relax.TensorType((tvm.tirx.Var("n", "int64"), 1, tvm.tirx.Var("w", "int64")), "float32"),
+    )
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            frames = bb.emit(relax.op.nn.conv1d(x, relax.const(first), 32))
+            conv = relax.op.nn.conv1d(frames, relax.const(positional), 1, 16, groups=4)
+            out = bb.emit_output(conv)
+        bb.emit_func_output(out)
+    exe = tvmamp.build(bb.get(), "O2", TARGET)
+    for batch, width in ((2, 400), (1, 1000)):
+        x = rng.standard_normal((batch, 1, width)).astype("float32")
+        ref = _conv1d(_conv1d(x, first, 32, 0, 1, 1), positional, 1, 16, 1, 4)
+        assert_close(exe(x), ref, **tolerance("bfloat16", np.abs(ref).max()), what=x.shape)
+
+
+def test_static_and_channel_symbolic_convs_are_left():
+    """A static conv1d (Conv1dAsConv2d's) and one with symbolic channels are left as they are."""
+    static, _ = _conv_module(40, 4, 6, 3, 1, 1, 1, 1)
+    tvm.ir.assert_structural_equal(Conv1dAsGemm()(static), static)
+    bb = relax.BlockBuilder()
+    c = tvm.tirx.Var("c", "int64")
+    x = relax.Var("x", relax.TensorType((1, c, tvm.tirx.Var("w", "int64")), "float32"))
+    w = relax.Var("k", relax.TensorType((6, c, 3), "float32"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.nn.conv1d(x, w))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    tvm.ir.assert_structural_equal(Conv1dAsGemm()(mod), mod)
