@@ -13,7 +13,10 @@ Here ``matmul(a, b)`` with symbolic rows ``m`` not provably a multiple of ``tile
     padded = concat([a, zeros(..., ceil(m / tile) * tile - m, k)], axis=-2)
     matmul(padded, b)[..., :m, :]
 
-The padded rows are zeros and are sliced off, so the result is the same.
+The padded rows are zeros and are sliced off, so the result is the same. A batched ``a``
+against a 2-D ``b`` is padded as one matrix of all its rows (:meth:`_Rewriter._flattened`),
+also where only its batch is symbolic and its rows are no whole tiles (ViT's 65 tokens under a
+dynamic batch: in the kernel, rows padded to tiles would be a copy of ``a``).
 """
 
 from __future__ import annotations
@@ -106,4 +109,7 @@ class _Rewriter(PyExprMutator):
             return False
         a_shape, b_shape = list(a_ty.shape), list(b_ty.shape)
         static = all(isinstance(e, tirx.IntImm) for e in (a_shape[-1], *b_shape[-2:]))
+        if b_ty.ndim == 2:  # flattened: a symbolic batch over rows of no whole tiles counts
+            rows = functools.reduce(operator.mul, a_shape[:-1])
+            return static and needs_padding(rows, self.tile)
         return static and needs_padding(a_shape[-2], self.tile)

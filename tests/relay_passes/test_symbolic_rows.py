@@ -41,11 +41,15 @@ def test_pads_symbolic_rows_and_slices_them_off():
     tvm.ir.assert_structural_equal(after, bb.get(), map_free_vars=True)
 
 
-def test_a_batched_left_operand_is_padded_as_one_matrix_of_all_its_rows():
+@pytest.mark.parametrize("static_rows", [False, True], ids=["m rows", "65 rows"])
+def test_a_batched_left_operand_is_padded_as_one_matrix_of_all_its_rows(static_rows):
     """``x[b, m, k] @ w[k, n]`` pads and slices ``b * m`` rows of one 2-D GEMM. Padding only
     the ``m`` axis left a GEMM over a symbolic batch whose row slice, fused in as its
-    epilogue, could not be inlined: the kernel stayed a scalar loop."""
-    b, m = tirx.Var("b", "int64"), tirx.Var("m", "int64")
+    epilogue, could not be inlined: the kernel stayed a scalar loop. With 65 static rows (ViT
+    under a dynamic batch) the matmul was left alone, and ran on the fp32 FMAs at half the
+    bf16 GEMM's speed: the bf16 kernel would pad its rows with a copy of ``x``."""
+    b = tirx.Var("b", "int64")
+    m = tirx.IntImm("int64", 65) if static_rows else tirx.Var("m", "int64")
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType([b, m, 64], "bfloat16"))
     w = relax.Var("w", relax.TensorType([64, 32], "bfloat16"))
@@ -64,17 +68,20 @@ def test_a_batched_left_operand_is_padded_as_one_matrix_of_all_its_rows():
     tvm.ir.assert_structural_equal(after, bb.get(), map_free_vars=True)
 
 
-def test_a_linear_over_symbolic_batch_and_rows_runs_on_the_bf16_gemm(caplog):
+@pytest.mark.parametrize("static_rows", [False, True], ids=["m rows", "29 rows"])
+def test_a_linear_over_symbolic_batch_and_rows_runs_on_the_bf16_gemm(caplog, static_rows):
     """An ONNX export with symbolic batch and length: its Linear layers run on the bf16 GEMM
-    kernel (an MPT ran 200x slower with them left scalar), and the padded rows stay out."""
+    kernel (an MPT ran 200x slower with them left scalar), and the padded rows stay out; and
+    with a symbolic batch only, over rows of no whole tiles."""
     import logging
 
-    mod, weight = _symbolic_linear(batch=(tirx.Var("b", "int64"),))
+    rows_of = (lambda m: 29) if static_rows else None
+    mod, weight = _symbolic_linear(batch=(tirx.Var("b", "int64"),), rows_of=rows_of)
     with caplog.at_level(logging.INFO, logger="tvmamp.schedules"):
         exe = tvmamp.build(mod, "O2", "llvm -mcpu=znver4 -num-cores=1", dtype="bfloat16")
     refused = [r.getMessage() for r in caplog.records if "CPUMatmulBF16 left" in r.getMessage()]
     assert not refused, refused
-    for batch, rows in ((2, 29), (3, 8)):
+    for batch, rows in ((2, 29), (3, 29 if static_rows else 8)):
         x = np.random.default_rng(rows).standard_normal((batch, rows, 96)).astype("float32")
         out = np.asarray(exe(x))
         ref = x.astype("float64") @ weight.astype("float64")
@@ -105,11 +112,13 @@ def test_needs_padding():
     assert not needs_padding(m * 16, 8) and not needs_padding(tirx.IntImm("int64", 30), 8)
 
 
-def _symbolic_linear(batch=()):
-    """``x @ w`` with ``m`` symbolic rows, built at O2 bf16 (the fp32 weight a constant)."""
+def _symbolic_linear(batch=(), rows_of=None):
+    """``x @ w`` with ``m`` symbolic rows (or ``rows_of(m)``), built at O2 bf16 (the fp32
+    weight a constant)."""
     rng = np.random.default_rng(0)
     weight = rng.standard_normal((96, 80)).astype("float32") * 0.1
     m = tirx.Var("m", "int64")
+    m = m if rows_of is None else rows_of(m)
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType([*batch, m, 96], "float32"))
     with bb.function("main", [x]):
