@@ -218,6 +218,24 @@ def param_buffers(sch: s_tir.Schedule) -> list[tirx.Buffer]:
     return [p for p in sch.mod["main"].params if tirx.is_buffer_var(p)]
 
 
+def static_but_batch(sch: s_tir.Schedule) -> bool:
+    """Whether every parameter buffer's shape is constant but for its leading axis, and each
+    block's iterators have constant extents but for those over a leading axis (a model
+    exported with a dynamic batch)."""
+    if any(static_extent(d) is None for b in param_buffers(sch) for d in list(b.shape)[1:]):
+        return False
+    batch = {d for b in param_buffers(sch) for d in list(b.shape)[:1] if static_extent(d) is None}
+    for block in sch.get_child_blocks(get_root_block(sch)):
+        for iter_var in sch.get(block).iter_vars[1:]:
+            if static_extent(iter_var.dom.extent) is None:
+                return False
+        first = sch.get(block).iter_vars[:1]
+        if first and static_extent(first[0].dom.extent) is None:
+            if not any(first[0].dom.extent.same_as(d) for d in batch):
+                return False
+    return True
+
+
 def all_static(sch: s_tir.Schedule) -> bool:
     """Return whether every block iterator of the function has a constant extent."""
     root = get_root_block(sch)

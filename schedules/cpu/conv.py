@@ -10,7 +10,15 @@ from tvm import s_tir, tirx
 from tvm.s_tir.schedule import SBlockRV
 from tvm.target import Target
 
-from .common import CPURule, num_cores, use_parallel, vector_lanes
+from .common import (
+    CPURule,
+    all_static,
+    nominal,
+    num_cores,
+    static_but_batch,
+    use_parallel,
+    vector_lanes,
+)
 from .conv_common import (
     ConvShape,
     TilePlan,
@@ -38,7 +46,9 @@ _ROWS_KERNELS = ((find_window, schedule_window), (find_permute, schedule_permute
 
 
 class CPUConv2d(CPURule):
-    """Direct NCHW conv2d, any groups, stride, dilation and padding; static shapes.
+    """Direct NCHW conv2d, any groups, stride, dilation and padding; static shapes, or a
+    symbolic batch (a CNN exported with a dynamic batch axis: the conv-to-GEMM rewrite needs
+    static shapes, and TVM's loops ran such a CNN 300x slower than its static build).
 
     Dense and grouped convs whose groups fill SIMD vectors are vectorised over the output
     channels of a group (the weight packed to ``[F / tile_f, Cg, KH, KW, tile_f]``, the data
@@ -65,10 +75,15 @@ class CPUConv2d(CPURule):
     # Keyed by SIMD width in bits (AVX-512 has 32 registers, AVX2 and SSE 16).
     CONFIGS = {512: Config(), 256: Config(registers=12), 128: Config(registers=12)}
 
+    def takes_shapes(self, sch: s_tir.Schedule) -> bool:
+        """Static shapes, or a symbolic batch (:func:`.common.static_but_batch`)."""
+        return static_but_batch(sch)
+
     def apply(  # pylint: disable=missing-function-docstring
         self, func: tirx.PrimFunc, target: Target, _: bool
     ) -> s_tir.Schedule | None:
-        for find_rows, schedule_rows in _ROWS_KERNELS:
+        static = isinstance(func, tirx.PrimFunc) and all_static(s_tir.Schedule(func))
+        for find_rows, schedule_rows in _ROWS_KERNELS if static else ():  # static rows only
             rows = self.schedule_block(
                 func, target, find_rows, functools.partial(schedule_rows, target=target)
             )
@@ -120,7 +135,7 @@ def _schedule_filters(sch: s_tir.Schedule, conv: SBlockRV, plan: TilePlan, targe
 
 def _batch_and_cores(sch: s_tir.Schedule, conv: SBlockRV, target: Target) -> tuple[int, int]:
     """The conv's batch, and the cores its tiles should keep busy (1 when it runs serially)."""
-    extents = [int(iv.dom.extent) for iv in sch.get(conv).iter_vars]
+    extents = [nominal(iv.dom.extent) for iv in sch.get(conv).iter_vars]
     return extents[0], num_cores(target) if use_parallel(target, math.prod(extents)) else 1
 
 

@@ -33,6 +33,7 @@ from tvm.target import Target
 from .bf16_common import mark_preproc, reads_only_params
 from .common import (
     inline_epilogue,
+    nominal,
     num_cores,
     row_chunks,
     schedule_injective,
@@ -87,7 +88,7 @@ def match_conv2d(block: s_tir.SBlock) -> ConvShape | None:
         return None
     if _index_vars(data.region)[0] != n:
         return None
-    extents = [int(iv.dom.extent) for iv in block.iter_vars]
+    extents = [nominal(iv.dom.extent) for iv in block.iter_vars]  # the batch may be symbolic
     channels, cg = int(data.source.shape[1]), extents[4]
     if channels % cg or extents[1] % (channels // cg):
         return None
@@ -326,8 +327,8 @@ def spread_columns(
     A conv1d as a height-1 conv2d has a single row tile: its 123 column tiles ran serially, in
     2 to 8 tasks, however many cores.
     """
-    work = math.prod(int(iv.dom.extent) for iv in sch.get(conv).iter_vars)
-    cores, tasks = num_cores(target), int(sch.get(outer).extent)
+    work = math.prod(nominal(iv.dom.extent) for iv in sch.get(conv).iter_vars)
+    cores, tasks = num_cores(target), nominal(sch.get(outer).extent)
     if not use_parallel(target, work) or tasks >= cores:
         return outer, x_outer
     chunks = row_chunks(cores, tasks, int(sch.get(x_outer).extent))
@@ -358,7 +359,7 @@ def finish(
     inline_epilogue(sch, acc)
     if write_back is None or not write_back(sch, acc):
         sch.vectorize(sch.get_loops(acc)[-1])
-    work = math.prod(int(iv.dom.extent) for iv in sch.get(conv).iter_vars)
+    work = math.prod(nominal(iv.dom.extent) for iv in sch.get(conv).iter_vars)
     parallel = use_parallel(target, work)
     cores = num_cores(target)
     for block in _producers(sch, conv):  # the data copy, padding, dilation, weight packing
@@ -413,7 +414,7 @@ def schedule_padding(sch: s_tir.Schedule, block: SBlockRV, parallel: bool, cores
     if (rows[1], cols[1]) == tuple(extents):  # no padding: not this block
         return False
     plane = sch.fuse(*loops[:2])
-    if parallel and int(sch.get(plane).extent) < cores:
+    if parallel and nominal(sch.get(plane).extent) < cores:
         plane = sch.fuse(plane, loops[2])
         for segment in _partition(sch, sch.get_loops(block)[-1], *cols):
             sch.vectorize(segment)

@@ -59,7 +59,7 @@ def stage_input(sch: s_tir.Schedule, conv: SBlockRV, pad: SBlockRV) -> InputStag
     ``[N, C / 16, H' * W', 16]`` (``pad`` writing flat planes); None (``sch`` untouched) when
     its dtype has no transpose. :func:`place_input` schedules the blocks."""
     source = sch.get(pad).writes[0].source
-    _, _, height, width = (int(e) for e in source.shape)
+    height, width = (int(e) for e in source.shape[2:])
     if transpose.rows_intrin(str(source.dtype), height * width) is None:
         return None
     staged = sch.cache_read(conv, 0, "global")
@@ -96,7 +96,7 @@ def stage_output(
     output dtype has no transpose, or for chunks of one row or of fewer than 16 pixels (their
     unit loop does not match the intrinsic)."""
     out = sch.get(acc).writes[0].source
-    _, _, height, width = (int(e) for e in out.shape)
+    height, width = (int(e) for e in out.shape[2:])
     chunked = rows is not None
     rows = height if rows is None else rows
     if chunked and (rows < 2 or rows * width < SIDE):

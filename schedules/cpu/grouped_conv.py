@@ -27,6 +27,7 @@ from .common import (
     inline_epilogue,
     largest_divisor,
     logger,
+    nominal,
     num_cores,
     row_chunks,
     use_parallel,
@@ -140,7 +141,7 @@ def _row_chunks(sch: s_tir.Schedule, conv: SBlockRV, plan: TilePlan, target: Tar
     Staged and written a whole group at a time, mobilenet_v2's 96-channel depthwise conv had 6
     parallel tasks for 16 cores; in chunks of 8 of its 56 output rows it has 42.
     """
-    extents = [int(iv.dom.extent) for iv in sch.get(conv).iter_vars]
+    extents = [nominal(iv.dom.extent) for iv in sch.get(conv).iter_vars]  # a symbolic batch
     tasks = extents[0] * extents[1] // plan.tile_v
     cores = num_cores(target)
     if not use_parallel(target, math.prod(extents)) or tasks >= cores:
@@ -203,7 +204,7 @@ def _order_copy(sch: s_tir.Schedule, copy: SBlockRV, cg: int, tile_g: int, targe
     sch.reorder(n, block, h, w, channel, group)
     sch.vectorize(group)
     outer = sch.fuse(n, block, h)
-    work = math.prod(int(iv.dom.extent) for iv in sch.get(copy).iter_vars)
+    work = math.prod(nominal(iv.dom.extent) for iv in sch.get(copy).iter_vars)
     if use_parallel(target, work):
         sch.parallel(outer)
 
