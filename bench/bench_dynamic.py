@@ -9,9 +9,17 @@
   number of rows (``tvmamp/frontends/torch_moe.py``). Against torch autocast bf16, with each
   one's error against torch fp32.
 
+- ONNX exports with dynamic axes, as ``torch.onnx.export(dynamic_axes=...)`` and Hugging Face
+  exports make them: tiny ``transformers`` models (2 layers, width 256, random weights) with a
+  symbolic batch and sequence (or number of audio samples), ViT and a small CNN with a
+  symbolic batch. Each is imported with its symbolic axes and with a static ``shape_dict``,
+  built at O2 bf16, and timed beside onnxruntime fp32 (one intra-op thread). Errors are
+  against onnxruntime at two sizes for the symbolic build.
+
 All variants of a row are timed in one process with ``paired_medians``.
 
 Run: TVM_NUM_THREADS=1 python bench/bench_dynamic.py [--threads 1] [--repeat 9]
+     [--sections rows moe onnx]
 """
 
 from __future__ import annotations
@@ -125,16 +133,176 @@ def mixture_of_experts(repeat: int) -> None:
         )
 
 
+_WIDTH = dict(hidden_size=256, num_hidden_layers=2, num_attention_heads=4, intermediate_size=1024)
+_AUDIO = dict(conv_dim=(64,) * 7, **_WIDTH)
+# name -> (config class, model class, config arguments, input kind)
+EXPORTS = {
+    "BERT": ("BertConfig", "BertModel", dict(vocab_size=1000, **_WIDTH), "text"),
+    "DistilBERT": (
+        "DistilBertConfig",
+        "DistilBertModel",
+        dict(vocab_size=1000, dim=256, n_layers=2, n_heads=4, hidden_dim=1024),
+        "text",
+    ),
+    "T5 encoder": (
+        "T5Config",
+        "T5EncoderModel",
+        dict(vocab_size=1000, d_model=256, d_kv=64, d_ff=1024, num_layers=2, num_heads=4),
+        "text",
+    ),
+    "DeBERTa v1": ("DebertaConfig", "DebertaModel", dict(vocab_size=1000, **_WIDTH), "text"),
+    "DeBERTa v2": ("DebertaV2Config", "DebertaV2Model", dict(vocab_size=1000, **_WIDTH), "text"),
+    "ConvBERT": ("ConvBertConfig", "ConvBertModel", dict(vocab_size=1000, **_WIDTH), "text"),
+    "MPT": (
+        "MptConfig",
+        "MptModel",
+        dict(vocab_size=1000, d_model=256, n_heads=4, n_layers=2, expansion_ratio=4),
+        "text",
+    ),
+    "XLNet": (
+        "XLNetConfig",
+        "XLNetModel",
+        dict(vocab_size=1000, d_model=256, n_layer=2, n_head=4, d_inner=1024),
+        "text",
+    ),
+    "wav2vec 2.0": ("Wav2Vec2Config", "Wav2Vec2Model", _AUDIO, "audio"),
+    "HuBERT": ("HubertConfig", "HubertModel", _AUDIO, "audio"),
+    "ViT": ("ViTConfig", "ViTModel", dict(image_size=64, patch_size=8, **_WIDTH), "image"),
+    "CNN": (None, None, None, "cnn"),
+}
+# input kind -> (input name, dynamic axes, the timed shape, a second shape checked)
+_INPUTS = {
+    "text": ("input_ids", {0: "batch", 1: "seq"}, (2, 128), (3, 77)),
+    "audio": ("input_values", {0: "batch", 1: "samples"}, (2, 16000), (1, 12345)),
+    "image": ("pixel_values", {0: "batch"}, (2, 3, 64, 64), (3, 3, 64, 64)),
+    "cnn": ("x", {0: "batch"}, (2, 3, 112, 112), (3, 3, 112, 112)),
+}
+
+
+def _cnn() -> torch.nn.Module:
+    """Conv-BN-ReLU blocks (strided, depthwise, pointwise), pooling and a classifier."""
+    nn = torch.nn
+
+    def block(ci, co, stride=1, groups=1, k=3):
+        conv = nn.Conv2d(ci, co, k, stride, k // 2, groups=groups, bias=False)
+        return nn.Sequential(conv, nn.BatchNorm2d(co), nn.ReLU())
+
+    torch.manual_seed(0)
+    layers = [block(3, 32, 2), block(32, 32, 1, 32), block(32, 64, 1, 1, 1), block(64, 64, 2)]
+    layers += [block(64, 128, 2), nn.MaxPool2d(2), nn.AdaptiveAvgPool2d(1), nn.Flatten()]
+    model = nn.Sequential(*layers, nn.Linear(128, 10)).eval()
+    for module in model.modules():
+        if isinstance(module, nn.BatchNorm2d):
+            module.running_mean.uniform_(-0.1, 0.1)
+            module.running_var.uniform_(0.5, 1.5)
+    return model
+
+
+def _export(name: str, path: str) -> str:
+    """Export model ``name`` of :data:`EXPORTS` to ``path`` with its dynamic axes; return its
+    input kind."""
+    config_name, model_name, arguments, kind = EXPORTS[name]
+    if kind == "cnn":
+        model = _cnn()
+    else:
+        import transformers
+
+        config = getattr(transformers, config_name)(**arguments)
+        config._attn_implementation = "eager"
+        config.use_cache = False
+        torch.manual_seed(0)
+        inner = getattr(transformers, model_name)(config).eval()
+        model = OutputOf(inner, "last_hidden_state", (_INPUTS[kind][0],)).eval()
+    input_name, axes, shape, _ = _INPUTS[kind]
+    with torch.no_grad():
+        torch.onnx.export(
+            model,
+            (_example(kind, shape),),
+            path,
+            dynamo=False,
+            input_names=[input_name],
+            output_names=["out"],
+            dynamic_axes={input_name: axes},
+            opset_version=17,
+        )
+    return kind
+
+
+def _example(kind: str, shape: tuple, numpy: bool = False):
+    gen = torch.Generator().manual_seed(len(shape))
+    if kind == "text":
+        x = torch.randint(0, 1000, shape, generator=gen)
+    else:
+        x = torch.randn(shape, generator=gen)
+    return x.numpy() if numpy else x
+
+
+def onnx_exports(repeat: int, names: list[str]) -> None:
+    import tempfile
+
+    import onnxruntime as ort
+
+    print()
+    print(
+        "| model | O2 symbolic | O2 static | onnxruntime fp32 | symbolic / static | "
+        "symbolic / onnxruntime | error symbolic (two sizes) |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for name in names:
+        with tempfile.TemporaryDirectory() as workdir:
+            path = os.path.join(workdir, "model.onnx")
+            kind = _export(name, path)
+            options = ort.SessionOptions()
+            options.intra_op_num_threads = 1
+            session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+            input_name, _, shape, other = _INPUTS[kind]
+            builds = {}
+            for label, shape_dict in (("symbolic", None), ("static", {input_name: shape})):
+                mod, params = tvmamp.from_onnx(path, shape_dict=shape_dict)
+                builds[label] = tvmamp.build(mod, "O2", "llvm", dtype="bfloat16", params=params)
+            errors = []
+            for size in (shape, other):
+                x = _example(kind, size, numpy=True)
+                want = session.run(None, {input_name: x})[0]
+                errors.append(f"{max_rel_error(np.asarray(builds['symbolic'](x)), want):.1e}")
+            x = _example(kind, shape, numpy=True)
+            args = [tvm.runtime.tensor(x)]
+            runs = [lambda exe=exe, args=args: exe.vm["main"](*args) for exe in builds.values()]
+            feed = {input_name: x}
+            runs.append(lambda session=session, feed=feed: session.run(None, feed))
+            symbolic, static, onnxruntime = paired_medians(runs, repeat=repeat)
+        print(
+            f"| {name} {shape} | {symbolic * 1e3:.2f} ms | {static * 1e3:.2f} ms | "
+            f"{onnxruntime * 1e3:.2f} ms | {symbolic / static:.2f} | "
+            f"{symbolic / onnxruntime:.2f} | {', '.join(errors)} |"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=int(os.environ.get("TVM_NUM_THREADS", 1)))
     parser.add_argument("--repeat", type=int, default=9)
+    parser.add_argument(
+        "--sections", nargs="+", choices=["rows", "moe", "onnx"], default=["rows", "moe", "onnx"]
+    )
+    parser.add_argument(
+        "--models",
+        nargs="+",
+        choices=list(EXPORTS),
+        default=list(EXPORTS),
+        metavar="MODEL",
+        help=f"the ONNX exports to run (default all: {', '.join(EXPORTS)})",
+    )
     args = parser.parse_args()
     if os.environ.get("TVM_NUM_THREADS") != str(args.threads):
         parser.error(f"set TVM_NUM_THREADS={args.threads} (TVM reads it when it starts)")
     torch.set_num_threads(args.threads)
-    dynamic_rows(args.repeat)
-    mixture_of_experts(args.repeat)
+    if "rows" in args.sections:
+        dynamic_rows(args.repeat)
+    if "moe" in args.sections:
+        mixture_of_experts(args.repeat)
+    if "onnx" in args.sections:
+        onnx_exports(args.repeat, args.models)
 
 
 if __name__ == "__main__":

@@ -448,7 +448,10 @@ def schedule_injective(
     innermost extent leaves the nest to LLVM's loop vectoriser (:func:`_symbolic_rows`). A
     block that reads a transposed operand is tiled in squares of at most ``lanes``
     (:func:`_square_tile`) over its two innermost loops. The loops outside the vector are
-    fused and, when ``parallel``, run in parallel.
+    fused and, when ``parallel``, run in parallel; where an extent is symbolic, only the two
+    outermost are fused, for the parallel loop (fused further, every index is a chain of
+    ``//`` and ``%`` by symbolic sizes, which TVM's iter-map rewriter failed to lower over
+    wav2vec 2.0's frames).
 
     With vectors of 16 elements or more, a transposing copy (or fp32 -> bf16 cast) of 16- or
     32-bit elements is copied by 16 x 16 register transposes (:mod:`.transpose_intrin`): in
