@@ -167,6 +167,7 @@ EXPORTS = {
     ),
     "wav2vec 2.0": ("Wav2Vec2Config", "Wav2Vec2Model", _AUDIO, "audio"),
     "HuBERT": ("HubertConfig", "HubertModel", _AUDIO, "audio"),
+    "WavLM": ("WavLMConfig", "WavLMModel", _AUDIO, "audio"),
     "ViT": ("ViTConfig", "ViTModel", dict(image_size=64, patch_size=8, **_WIDTH), "image"),
     "CNN": (None, None, None, "cnn"),
 }

@@ -206,6 +206,32 @@ def test_expand_of_symbolic_dims_to_a_constant_shape(rng):
     _check_two_sizes(model, [(2, 5, 1), (3, 8, 1)], rng)
 
 
+@pytest.mark.parametrize(
+    ("bias_shape", "repeats_of", "out_dims"),
+    [
+        ((1, 2, 3), lambda b: [b, "one", "one"], ["batch", 2, 3]),  # WavLM's position bias
+        ((2, 3), lambda b: [b, "one"], ["batch2", 3]),  # blocks of two rows
+        ((2, 1, 3), lambda b: ["one", b, "one"], [2, "batch", 3]),  # a middle axis
+    ],
+    ids=["leading 1", "leading 2", "middle"],
+)
+def test_tile_by_a_run_time_repeat(rng, bias_shape, repeats_of, out_dims):
+    """``bias.repeat(batch, 1, 1)``: ``Tile`` whose repeats are a ``Concat`` of the batch read
+    off ``Shape(x)`` and constants. TVM's importer refuses a shape expression as an input of
+    ``Tile`` (WavLM imported only with a static ``shape_dict``); it becomes Unsqueeze, Expand
+    and Reshape per repeated axis (``tvmamp/frontends/onnx_tile.py``)."""
+    bias = rng.uniform(-1, 1, bias_shape).astype(np.float32)
+    nodes = [
+        *_dim("x", 0, "b"),
+        h.make_node("Unsqueeze", ["b", "zero"], ["b1"]),
+        h.make_node("Concat", [n if n != "b" else "b1" for n in repeats_of("b")], ["r"], axis=0),
+        h.make_node("Tile", ["bias", "r"], ["y"]),
+    ]
+    inits = [nh.from_array(bias, "bias"), _ints("zero", [0]), _ints("one", [1])]
+    model = _rows_model(nodes, inits, out_dims)
+    _check_two_sizes(model, [(2, 5), (3, 4)], rng)
+
+
 def test_pad_with_pads_computed_from_the_shape(rng):
     # SEW-D's F.pad to a multiple of 4: pads = [0, 0, 0, (4 - seq % 4) % 4], a tensor (here
     # made one by a Cast: TVM refuses a shape as Pad's input before any converter runs).

@@ -61,7 +61,9 @@ def from_onnx(
     where that is not possible (see :func:`tvmamp.frontends.onnx_fold.prepare_for_import`).
     Some of TVM's converters lose symbolic dimensions (``Range``, ``Slice`` to the end,
     ``Gather`` of a shape, ``Expand``, ``Pad`` with run-time pads); they are overridden
-    during the import (see :mod:`tvmamp.frontends.onnx_symbolic`). Where TVM's importer still
+    during the import (see :mod:`tvmamp.frontends.onnx_symbolic`), and a ``Tile`` by repeats
+    read off a shape at run time becomes ``Expand`` and ``Reshape`` before it (see
+    :mod:`tvmamp.frontends.onnx_tile`). Where TVM's importer still
     fails on a model with symbolic input dimensions, the error (a ``ValueError`` chained to
     TVM's) names them and suggests a static ``shape_dict``.
 

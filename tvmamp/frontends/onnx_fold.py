@@ -33,6 +33,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from .onnx_tile import tile_as_expand
+
 _MAX_FLOATS = 1024
 _MAX_INTS = 1 << 16
 _ROUNDS = 3  # re-infer shapes after a round that folded, while Shape nodes are left
@@ -637,6 +639,9 @@ def prepare_for_import(model, shape_dict: Mapping[str, tuple] | None = None):
       scale, the node is rewritten exactly (``Pad(edge) -> Resize(sizes) -> Slice``, see
       :func:`_check_resize_scales`), or :class:`UnsupportedOperatorError` is raised where the
       rewrite does not apply (symbolic dims, ``cubic`` with ``exclude_outside``, ``axes``...).
+    * ``Tile`` by repeats computed at run time (``x.repeat(batch, 1, 1)``), which TVM's
+      importer refuses with symbolic shapes, becomes Unsqueeze, Expand and Reshape per
+      repeated axis (:mod:`.onnx_tile`).
     * Negative ``axis``/``axes`` attributes of the ``_AXIS_OPS`` become non-negative where
       shape inference gives the rank of input 0 (TVM mishandles some, e.g. ``Split(axis=-1)``
       with a symbolic dimension).
@@ -665,6 +670,7 @@ def prepare_for_import(model, shape_dict: Mapping[str, tuple] | None = None):
         except Exception:
             return None
 
+    producers = {out: node for node in graph.node for out in node.output}
     edits = []  # (node index, new inputs or None, new attributes or None, nodes or None)
     for index, node in enumerate(graph.node):
         if not _default(node):
@@ -689,6 +695,10 @@ def prepare_for_import(model, shape_dict: Mapping[str, tuple] | None = None):
                     replacement = _check_resize_scales(
                         onnx, node, scales, shapes.get(node.input[0])
                     )
+        if node.op_type == "Tile" and len(node.input) == 2 and array(node.input[1]) is None:
+            if shapes is None:
+                shapes = inferred_shapes(onnx, model, shape_dict or {})
+            replacement = _tile(onnx, model, node, producers, array, shapes)
         if node.op_type in _AXIS_OPS:
             attrs = {a.name: a for a in node.attribute}
             negative = ("axis" in attrs and attrs["axis"].i < 0) or (
@@ -734,6 +744,23 @@ def prepare_for_import(model, shape_dict: Mapping[str, tuple] | None = None):
         out.graph.node.extend(nodes)
     _drop_unread_constants(out.graph)
     return out
+
+
+def _tile(onnx, model, node, producers, array, shapes):
+    """The nodes of a ``Tile`` by run-time repeats that TVM imports with symbolic shapes
+    (:func:`.onnx_tile.tile_as_expand`), where its repeats are a ``Concat`` of one-element
+    int64 parts; else None (TVM's converter)."""
+    concat = producers.get(node.input[1])
+    if concat is None or concat.op_type != "Concat" or not _default(concat):
+        return None
+    for part in concat.input:
+        value = array(part)
+        one = value.size == 1 if value is not None else shapes.get(part) == [1]
+        kind = value.dtype if value is not None else shapes.get(f"{part}:type")
+        if not one or (kind is not None and np.dtype(kind) != np.int64):
+            return None
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
+    return tile_as_expand(onnx, node, list(concat.input), array, opset)
 
 
 def _check_resize_scales(onnx, node, scales, dims):
