@@ -209,8 +209,6 @@ def example_inputs(mod: tvm.IRModule, seed: int = 1) -> list[np.ndarray]:
 
 def _dims(shape) -> str:
     """``[batch, 3, 16, 16]``: a shape's static sizes as numbers, symbolic ones by name."""
-    return (
-        "["
-        + ", ".join(str(int(d)) if isinstance(d, tvm.tirx.IntImm) else str(d) for d in shape)
-        + "]"
-    )
+    from .tensors import dim_texts
+
+    return "[" + ", ".join(dim_texts(shape)) + "]"

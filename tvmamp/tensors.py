@@ -37,6 +37,11 @@ def out_dtype(call: relax.Call, default: str) -> str:
     return text if text not in ("", "None", "void") else default
 
 
+def dim_texts(shape) -> list[str]:
+    """A shape's sizes as text: static ones as numbers, symbolic ones by name."""
+    return [str(int(d)) if isinstance(d, tvm.tirx.IntImm) else str(d) for d in shape]
+
+
 def static_shape(ty) -> tuple[int, ...] | None:
     """The shape of a ``relax.TensorType`` when every dimension is a constant, else None."""
     if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):

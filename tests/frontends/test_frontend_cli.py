@@ -48,6 +48,36 @@ def test_onnx_compile_then_run_matches_the_python_api(tmp_path, capsys):
     np.testing.assert_allclose(np.load(tmp_path / "y.npy"), exe(x), rtol=1e-6, atol=1e-6)
 
 
+def test_a_question_mark_keeps_the_onnx_batch_symbolic(tmp_path, capsys):
+    """``--input-shape image=?,3,16,16``: the batch stays the model's own (symbolic), the
+    rest is fixed; the library runs at two batch sizes (the option took positive ints only,
+    so a symbolic dim could not be kept while fixing the others)."""
+    model_path, lib = tmp_path / "cnn.onnx", tmp_path / "cnn.so"
+    model = suite.create("onnx_cnn", image_size=16)
+    onnx.save(model, model_path)
+    argv = ["compile", model_path, "--input-shape", "image=?,3,16,16", *FLAGS, "-o", lib]
+    assert main(list(map(str, argv))) == 0
+    assert "main(image: float32[batchx3x16x16])" in capsys.readouterr().out
+    mod, params = from_onnx(model, shape_dict={"image": (None, 3, 16, 16)})
+    exe = tvmamp.build(mod, "O2", TARGET, dtype="bfloat16", params=params)
+    for batch in (1, 3):
+        x = suite.example_inputs("onnx_cnn", batch=batch, image_size=16)[0]
+        np.save(tmp_path / "x.npy", x)
+        run = ["run", lib, "--inputs", tmp_path / "x.npy", "-o", tmp_path / "y.npy"]
+        assert main(list(map(str, run))) == 0
+        np.testing.assert_allclose(np.load(tmp_path / "y.npy"), exe(x), rtol=1e-6, atol=1e-6)
+
+
+def test_parse_input_shapes_question_marks():
+    from tvmamp.frontends.files import parse_input_shapes, random_inputs
+
+    assert parse_input_shapes(["ids=?,128", "2x?"]) == [("ids", (None, 128)), (None, (2, None))]
+    with pytest.raises(ValueError, match="or \\? to keep"):
+        parse_input_shapes(["ids=??,128"])
+    with pytest.raises(ValueError, match="ids=\\?,128 has a \\? dimension"):
+        random_inputs(parse_input_shapes(["ids=?,128"]), "tvmamp")
+
+
 def test_compile_a_zoo_style_onnx_file(tmp_path):
     """An IR-3 file that lists its initializers in graph.input compiles, runs and is right."""
     model = suite.create("onnx_cnn", image_size=16)

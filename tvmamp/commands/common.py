@@ -38,7 +38,8 @@ def add_shape_option(p) -> None:
         action="append",
         default=[],
         metavar="[NAME=]D0,D1,...",
-        help="input shape, once per input in order (NAME= for ONNX input names)",
+        help="input shape, once per input in order (NAME= for ONNX input names); a ? dimension "
+        "keeps an ONNX model's own (symbolic) one: --input-shape input_ids=?,128",
     )
 
 

@@ -141,11 +141,17 @@ def _describe(mod, params) -> str:
 
 
 def _signature(exe) -> str:
-    from tvmamp.tensors import static_shape, type_dtype
+    """``main(image: float32[batchx3x16x16])``: symbolic dimensions by name."""
+    from tvm import relax
+
+    from tvmamp.tensors import dim_texts, type_dtype
 
     shown = []
     for p in exe.mod["main"].params:
-        shape = static_shape(p.ty)
-        dims = "x".join(str(d) for d in shape) if shape is not None else "dynamic"
+        shape = getattr(p.ty, "shape", None)
+        if isinstance(shape, relax.ShapeExpr):
+            dims = "x".join(dim_texts(shape.values))
+        else:
+            dims = "dynamic"  # not even the rank is known
         shown.append(f"{p.name}: {type_dtype(p.ty)}[{dims}]")
     return "main(" + ", ".join(shown) + ")"

@@ -1,6 +1,7 @@
 """Model files and Python objects to ``(mod, params)``: .onnx, .pt2, TorchScript, modules.
 
-Input shapes come as a list of ``(name or None, shape)`` (``tvmamp compile --input-shape``).
+Input shapes come as a list of ``(name or None, shape)`` (``tvmamp compile --input-shape``); a
+dimension given as ``?`` is ``None``: an ONNX model keeps its own (symbolic) dimension there.
 """
 
 from __future__ import annotations
@@ -18,16 +19,18 @@ TORCHSCRIPT_HINT = (
 
 
 def parse_input_shapes(texts) -> list:
-    """``["image=1,3,32,32", "2,16"]`` -> ``[("image", (1, 3, 32, 32)), (None, (2, 16))]``."""
+    """``["image=1,3,32,32", "2,16", "ids=?,128"]`` -> ``[("image", (1, 3, 32, 32)),
+    (None, (2, 16)), ("ids", (None, 128))]``: ``?`` keeps an ONNX model's own dimension (a
+    symbolic batch), as ``None`` in ``from_onnx``'s ``shape_dict``."""
     shapes = []
     for text in texts or ():
         name, _, dims = text.rpartition("=")
-        parts = dims.replace("x", ",").split(",")
-        shape = tuple(int(d) for d in parts if d.strip().isdigit())
-        if len(shape) != len(parts) or any(d <= 0 for d in shape):
+        parts = [d.strip() for d in dims.replace("x", ",").split(",")]
+        shape = tuple(None if d == "?" else int(d) for d in parts if d == "?" or d.isdigit())
+        if len(shape) != len(parts) or any(d is not None and d <= 0 for d in shape):
             raise ValueError(
                 f"tvmamp: input shape {text!r} is not NAME=D0,D1,... or D0,D1,... "
-                "with positive integer dimensions"
+                "with positive integer dimensions, or ? to keep an ONNX model's own"
             )
         shapes.append((name.strip() or None, shape))
     return shapes
@@ -40,6 +43,13 @@ def random_inputs(input_shapes, component: str) -> list[np.ndarray]:
             f"{component}: the model's input shapes are unknown; give them with "
             "--input-shape 1,3,224,224 (one per input, in order)"
         )
+    for name, shape in input_shapes:
+        if None in shape:
+            raise ValueError(
+                f"{component}: input shape {name + '=' if name else ''}"
+                f"{','.join('?' if d is None else str(d) for d in shape)} has a ? dimension; "
+                "example inputs need every dimension (? keeps an ONNX model's own)"
+            )
     rng = np.random.default_rng(0)
     return [rng.standard_normal(shape).astype("float32") for _, shape in input_shapes]
 
