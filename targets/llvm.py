@@ -252,9 +252,9 @@ def convs_to_gemm(target: tvm.target.Target) -> bool:
 
 
 def legalize_rules(_target: tvm.target.Target) -> dict:
-    """Instance and layer norms over trailing axes, legalized with sums of whole vectors and
-    a tail, which the CPU row-reduction rule vectorises, and a variance that does not cancel
-    (``relay_passes/row_norms.py``)."""
+    """Instance and layer norms, and fp32 row sums, means and variances, over trailing axes,
+    legalized with sums of whole vectors and a tail, which the CPU row-reduction rule
+    vectorises, and a variance that does not cancel (``relay_passes/row_norms.py``)."""
     from tvmamp.relay_passes.row_norms import LEGALIZE_MAP
 
     return dict(LEGALIZE_MAP)
