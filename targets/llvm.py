@@ -222,7 +222,7 @@ def partition_passes(target: tvm.target.Target, _policy) -> list:
     first = [
         GuardTakeIndices(),
         Conv1dAsConv2d(),
-        Conv1dAsGemm(),
+        Conv1dAsGemm(CPUMatmulBF16.Config().tile_i),
         Conv3dAsConv2d(),
         SlicesToSplit(),
         SplitToSlices(),
