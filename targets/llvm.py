@@ -178,8 +178,8 @@ def partition_passes(target: tvm.target.Target, _policy) -> list:
       token ids), which raises ``IndexError`` where TVM would read past the table
       (``relay_passes/take_bounds.py``);
     - 1-D convolutions as 2-D ones of height 1, 3-D ones as 2-D ones over depth windows; a
-      1-D convolution over a symbolic length as an im2col gather and a GEMM
-      (``relay_passes/conv1d_as_gemm.py``);
+      convolution over a symbolic length, height or width as an im2col gather and a GEMM
+      (``relay_passes/conv_as_gemm.py``);
     - a sequence cut into many slices (an unrolled GRU's steps) as one split, so that the
       steps share one kernel; a split feeding only elementwise ops (an LSTM's gates) as slices
       that fuse with them; a group norm as an instance norm of the tensor viewed by groups;
@@ -203,7 +203,7 @@ def partition_passes(target: tvm.target.Target, _policy) -> list:
       the activations between convs are still ops the rows rewrite follows."""
     from tvmamp.relay_passes.attention_keys import PadAttentionKeys
     from tvmamp.relay_passes.conv1d_as_conv2d import Conv1dAsConv2d
-    from tvmamp.relay_passes.conv1d_as_gemm import Conv1dAsGemm
+    from tvmamp.relay_passes.conv_as_gemm import ConvAsGemm
     from tvmamp.relay_passes.conv2d_to_gemm import Conv2dToGemm
     from tvmamp.relay_passes.conv3d_as_conv2d import Conv3dAsConv2d
     from tvmamp.relay_passes.conv_transpose import ConvTransposeToSubPixel
@@ -222,7 +222,7 @@ def partition_passes(target: tvm.target.Target, _policy) -> list:
     first = [
         GuardTakeIndices(),
         Conv1dAsConv2d(),
-        Conv1dAsGemm(CPUMatmulBF16.Config().tile_i),
+        ConvAsGemm(CPUMatmulBF16.Config().tile_i),
         Conv3dAsConv2d(),
         SlicesToSplit(),
         SplitToSlices(),

@@ -1,4 +1,5 @@
-"""Conv1dAsGemm: a conv1d over a symbolic length becomes an im2col gather and a GEMM."""
+"""ConvAsGemm: a conv1d over a symbolic length, a conv2d over a symbolic height or width,
+become an im2col gather and a GEMM."""
 
 import numpy as np
 import pytest
@@ -8,7 +9,7 @@ from tvm import relax
 
 import tvmamp
 from tvmamp.pipeline import run_front_phases
-from tvmamp.relay_passes.conv1d_as_gemm import Conv1dAsGemm
+from tvmamp.relay_passes.conv_as_gemm import ConvAsGemm
 
 TARGET = "llvm -mcpu=znver4"
 
@@ -72,7 +73,7 @@ def test_symbolic_length_conv1d_matches_numpy(case, level):
     channels, filters, taps, stride, padding, dilation, groups = CASES[case]
     length = tvm.tirx.Var("w", "int64")
     mod, weight = _conv_module(length, channels, filters, taps, stride, padding, dilation, groups)
-    ops = _ops(Conv1dAsGemm()(mod))
+    ops = _ops(ConvAsGemm()(mod))
     assert "relax.nn.conv1d" not in ops and "relax.matmul" in ops
     kernels = run_front_phases(tvmamp.convert(mod, level, TARGET)).functions_items()
     names = [gvar.name_hint for gvar, func in kernels if isinstance(func, tvm.tirx.PrimFunc)]
@@ -116,7 +117,7 @@ def test_grouped_conv_over_frames_of_a_strided_conv():
 def test_static_and_channel_symbolic_convs_are_left():
     """A static conv1d (Conv1dAsConv2d's) and one with symbolic channels are left as they are."""
     static, _ = _conv_module(40, 4, 6, 3, 1, 1, 1, 1)
-    tvm.ir.assert_structural_equal(Conv1dAsGemm()(static), static)
+    tvm.ir.assert_structural_equal(ConvAsGemm()(static), static)
     bb = relax.BlockBuilder()
     c = tvm.tirx.Var("c", "int64")
     x = relax.Var("x", relax.TensorType((1, c, tvm.tirx.Var("w", "int64")), "float32"))
@@ -126,4 +127,55 @@ def test_static_and_channel_symbolic_convs_are_left():
             out = bb.emit_output(relax.op.nn.conv1d(x, w))
         bb.emit_func_output(out)
     mod = bb.get()
-    tvm.ir.assert_structural_equal(Conv1dAsGemm()(mod), mod)
+    tvm.ir.assert_structural_equal(ConvAsGemm()(mod), mod)
+
+
+# (channels, filters, kernel, stride, padding, dilation, groups)
+CASES_2D = {
+    "dense 3x3": (4, 8, 3, 1, 1, 1, 1),
+    "strided 3x3, dilated": (6, 10, 3, 2, 2, 2, 1),
+    "stem 5x5 stride 2": (3, 8, 5, 2, 2, 1, 1),
+    "grouped": (8, 12, 3, 1, 1, 1, 4),
+    "depthwise": (8, 8, 3, 2, 1, 1, 8),
+    "pointwise": (8, 16, 1, 1, 0, 1, 1),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES_2D))
+@pytest.mark.parametrize("level", ["O0", "O2"])
+def test_conv2d_over_a_symbolic_height_and_width_matches_torch(case, level):
+    """A CNN exported with dynamic image sizes: each conv2d was TVM's loops (a small CNN ran
+    300 times slower than its static build). Against torch in float64 at two image sizes;
+    no conv2d kernel is left."""
+    torch = pytest.importorskip("torch")
+    channels, filters, kernel, stride, padding, dilation, groups = CASES_2D[case]
+    rng = np.random.default_rng(len(case))
+    weight = rng.standard_normal((filters, channels // groups, kernel, kernel)).astype("float32")
+    bb = relax.BlockBuilder()
+    h, w = tvm.tirx.Var("h", "int64"), tvm.tirx.Var("w", "int64")
+    x = relax.Var("x", relax.TensorType((tvm.tirx.Var("n", "int64"), channels, h, w), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            conv = relax.op.nn.conv2d(
+                x, relax.const(weight), stride, padding, dilation, groups=groups
+            )
+            out = bb.emit_output(conv)
+        bb.emit_func_output(out)
+    mod = bb.get()
+    kernels = run_front_phases(tvmamp.convert(mod, level, TARGET)).functions_items()
+    names = [gvar.name_hint for gvar, func in kernels if isinstance(func, tvm.tirx.PrimFunc)]
+    assert not [name for name in names if "conv2d" in name], names
+    exe = tvmamp.build(mod, level, TARGET)
+    for shape in ((2, channels, 13, 11), (1, channels, 9, 16)):
+        x = rng.standard_normal(shape).astype("float32")
+        ref = torch.nn.functional.conv2d(
+            *(torch.from_numpy(a).double() for a in (x, weight)),
+            None,
+            stride,
+            padding,
+            dilation,
+            groups,
+        ).numpy()
+        dtype = "float32" if level == "O0" else "bfloat16"
+        tol = tolerance(dtype, np.abs(ref).max())
+        assert_close(exe(x), ref, **tol, what=f"{case} {level} {shape}")
