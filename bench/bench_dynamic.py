@@ -12,9 +12,10 @@
 - ONNX exports with dynamic axes, as ``torch.onnx.export(dynamic_axes=...)`` and Hugging Face
   exports make them: tiny ``transformers`` models (2 layers, width 256, random weights) with a
   symbolic batch and sequence (or number of audio samples), ViT and a small CNN with a
-  symbolic batch. Each is imported with its symbolic axes and with a static ``shape_dict``,
-  built at O2 bf16, and timed beside onnxruntime fp32 (one intra-op thread). Errors are
-  against onnxruntime at two sizes for the symbolic build.
+  symbolic batch, and the CNN with a symbolic batch, height and width. Each is imported
+  with its symbolic axes and with a static ``shape_dict``, built at O2 bf16, and timed beside
+  onnxruntime fp32 (one intra-op thread). Errors are against onnxruntime at two sizes for
+  the symbolic build.
 
 All variants of a row are timed in one process with ``paired_medians``.
 
@@ -170,6 +171,7 @@ EXPORTS = {
     "WavLM": ("WavLMConfig", "WavLMModel", _AUDIO, "audio"),
     "ViT": ("ViTConfig", "ViTModel", dict(image_size=64, patch_size=8, **_WIDTH), "image"),
     "CNN": (None, None, None, "cnn"),
+    "CNN, dynamic size": (None, None, None, "cnn_hw"),
 }
 # input kind -> (input name, dynamic axes, the timed shape, a second shape checked)
 _INPUTS = {
@@ -177,6 +179,7 @@ _INPUTS = {
     "audio": ("input_values", {0: "batch", 1: "samples"}, (2, 16000), (1, 12345)),
     "image": ("pixel_values", {0: "batch"}, (2, 3, 64, 64), (3, 3, 64, 64)),
     "cnn": ("x", {0: "batch"}, (2, 3, 112, 112), (3, 3, 112, 112)),
+    "cnn_hw": ("x", {0: "batch", 2: "height", 3: "width"}, (2, 3, 112, 112), (1, 3, 64, 96)),
 }
 
 
@@ -203,7 +206,7 @@ def _export(name: str, path: str) -> str:
     """Export model ``name`` of :data:`EXPORTS` to ``path`` with its dynamic axes; return its
     input kind."""
     config_name, model_name, arguments, kind = EXPORTS[name]
-    if kind == "cnn":
+    if kind in ("cnn", "cnn_hw"):
         model = _cnn()
     else:
         import transformers
