@@ -203,9 +203,9 @@ def partition_passes(target: tvm.target.Target, _policy) -> list:
       the activations between convs are still ops the rows rewrite follows."""
     from tvmamp.relay_passes.attention_keys import PadAttentionKeys
     from tvmamp.relay_passes.conv1d_as_conv2d import Conv1dAsConv2d
-    from tvmamp.relay_passes.conv_as_gemm import ConvAsGemm
     from tvmamp.relay_passes.conv2d_to_gemm import Conv2dToGemm
     from tvmamp.relay_passes.conv3d_as_conv2d import Conv3dAsConv2d
+    from tvmamp.relay_passes.conv_as_gemm import ConvAsGemm
     from tvmamp.relay_passes.conv_transpose import ConvTransposeToSubPixel
     from tvmamp.relay_passes.depthwise_planes import DepthwisePlanes
     from tvmamp.relay_passes.fast_math import FastMath
