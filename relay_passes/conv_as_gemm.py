@@ -42,6 +42,7 @@ from tvm.relax import PyExprMutator
 from tvmamp.tensors import out_dtype
 
 from .bindings import rewrite_functions
+from .symbolic_rows import whole_tiles
 
 _CONV1D = tvm.ir.Op.get("relax.nn.conv1d")
 _CONV2D = tvm.ir.Op.get("relax.nn.conv2d")
@@ -105,7 +106,7 @@ class _Rewriter(PyExprMutator):
         x = emit(relax.op.permute_dims(x, [1, 0, 3, 2]))  # [g, n, h * w, c/g]
         x = emit(relax.op.reshape(x, [groups, n * height * width, per_group]))
         rows = n * out_spatial[0] * out_spatial[1]
-        padded = (rows + self.tile - 1) // self.tile * self.tile
+        padded = whole_tiles(rows, self.tile)
         windows = self._windows(n, (height, width), out_spatial, strides, dilation, kernel, padded)
         cols = emit(relax.op.take(x, windows, axis=1))  # [g, padded, taps, c/g]
         depth = kernel[0] * kernel[1] * per_group

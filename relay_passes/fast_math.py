@@ -18,11 +18,11 @@ import math
 import tvm
 import tvm_ffi
 from tvm import relax, te, tirx, topi
-from tvm.sym.analyzer import Analyzer
 
 from .bindings import bound_values, call_of, scalar_constant
 from .gemm_softmax import ROW_SOFTMAX
 from .nan_ops import isnan
+from .symbolic_rows import needs_padding
 
 LOW_DTYPES = ("float16", "bfloat16")
 
@@ -156,7 +156,7 @@ def row_reduce(x, axis: int, reduce, combine):
         split = 0 < body < n
     else:
         body = n // _CHUNK * _CHUNK
-        split = not Analyzer().can_prove(tirx.floormod(n, _CHUNK) == 0)
+        split = needs_padding(n, _CHUNK)
     parts = []
     for start, size in ((0, body), (body, n - body)) if split else ((0, n),):
         parts.append(te.compute(shape, _reducer(x, axis, reduce, start, te.reduce_axis((0, size)))))

@@ -40,14 +40,21 @@ from .fast_math import row_reduce
 _OPS = ("relax.nn.instance_norm", "relax.nn.layer_norm")
 
 
+def _trailing(axes, rank: int) -> list[int] | None:
+    """``axes`` (of a tensor of ``rank``) as sorted non-negative ints when they are its last
+    ones (rows that are contiguous), else None."""
+    found = sorted(int(a) % rank for a in axes)
+    return found if found == list(range(rank - len(found), rank)) else None
+
+
 def _rows(call: relax.Call) -> tuple[list[int], int] | None:
     """``(leading shape, row length)`` when ``call``'s norm takes this legalization."""
     shape = static_shape(call.args[0].ty)
     if not shape:
         return None
-    axes = sorted(int(a) % len(shape) for a in call.attrs.axes)
-    if axes != list(range(len(shape) - len(axes), len(shape))):
-        return None  # not the trailing axes: rows would not be contiguous
+    axes = _trailing(call.attrs.axes, len(shape))
+    if axes is None:
+        return None
     return list(shape[: len(shape) - len(axes)]), math.prod(shape[a] for a in axes)
 
 
@@ -130,10 +137,8 @@ def _trailing_axes(call: relax.Call) -> int | None:
     if str(getattr(x.ty, "dtype", "")) != "float32" or not isinstance(shape, relax.ShapeExpr):
         return None
     rank = len(shape.values)
-    if call.attrs.axis is None:
-        return None
-    axes = sorted(int(a) % rank for a in call.attrs.axis)
-    if len(axes) == rank or axes != list(range(rank - len(axes), rank)):
+    axes = None if call.attrs.axis is None else _trailing(call.attrs.axis, rank)
+    if axes is None or len(axes) == rank:
         return None
     return len(axes)
 

@@ -19,21 +19,21 @@ from __future__ import annotations
 import tvm
 from tvm import relax, te, topi
 
+from tvmamp.tensors import static_shape
+
 
 def _legalize_reshape(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     x = call.args[0]
     shape = call.ty.shape
-    if x.ty.shape is None or shape is None or _static(x.ty.shape) and _static(shape):
+    if not isinstance(x.ty.shape, relax.ShapeExpr) or not isinstance(shape, relax.ShapeExpr):
+        return _TVM_LEGALIZE(bb, call)
+    if static_shape(x.ty) is not None and static_shape(call.ty) is not None:
         return _TVM_LEGALIZE(bb, call)
     data = te.placeholder(list(x.ty.shape), x.ty.dtype, "data")
     kernel = te.create_prim_func([data, topi.reshape(data, list(shape))])
     if relax.analysis.has_reshape_pattern(kernel):
         return _TVM_LEGALIZE(bb, call)
     return call  # not legalized: a view
-
-
-def _static(shape: relax.ShapeExpr) -> bool:
-    return all(isinstance(dim, tvm.tirx.IntImm) for dim in shape.values)
 
 
 _TVM_LEGALIZE = tvm.ir.Op.get("relax.reshape").get_attr("FLegalize")

@@ -34,6 +34,11 @@ from .bindings import rewrite_functions
 _MATMUL = tvm.ir.Op.get("relax.matmul")
 
 
+def whole_tiles(rows, tile: int):
+    """``rows`` rounded up to a multiple of ``tile`` (a PrimExpr when ``rows`` is one)."""
+    return (rows + tile - 1) // tile * tile
+
+
 def needs_padding(rows, tile: int) -> bool:
     """Whether a row extent is symbolic and not provably a multiple of ``tile``."""
     if isinstance(rows, tirx.IntImm):
@@ -73,7 +78,7 @@ class _Rewriter(PyExprMutator):
         if len(shape) > 2 and b.ty.ndim == 2:
             return self._flattened(a, b, call.attrs.out_dtype)
         rows, depth = shape[-2], shape[-1]
-        padded = (rows + self.tile - 1) // self.tile * self.tile
+        padded = whole_tiles(rows, self.tile)
         zeros = relax.op.zeros(relax.ShapeExpr([*shape[:-2], padded - rows, depth]), a.ty.dtype)
         a = self.builder_.emit(relax.op.concat([a, zeros], axis=len(shape) - 2))
         out = self.builder_.emit(relax.op.matmul(a, b, out_dtype=call.attrs.out_dtype))
