@@ -23,19 +23,25 @@ CASES = {
 }
 
 
+def _conv(op, spatial, weight, stride, padding, dilation, groups) -> tvm.IRModule:
+    """``op`` (conv1d or conv2d) of ``x[n, C, *spatial]`` (``n`` symbolic) by ``weight``."""
+    channels = weight.shape[1] * groups
+    bb = relax.BlockBuilder()
+    shape = (tvm.tirx.Var("n", "int64"), channels, *spatial)
+    x = relax.Var("x", relax.TensorType(shape, "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            conv = op(x, relax.const(weight), stride, padding, dilation, groups=groups)
+            out = bb.emit_output(conv)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
 def _conv_module(length, channels, filters, taps, stride, padding, dilation, groups):
     rng = np.random.default_rng(taps)
     weight = rng.standard_normal((filters, channels // groups, taps)).astype("float32") + 0.1
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((tvm.tirx.Var("n", "int64"), channels, length), "float32"))
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            conv = relax.op.nn.conv1d(
-                x, relax.const(weight), stride, padding, dilation, groups=groups
-            )
-            out = bb.emit_output(conv)
-        bb.emit_func_output(out)
-    return bb.get(), weight
+    conv = _conv(relax.op.nn.conv1d, (length,), weight, stride, padding, dilation, groups)
+    return conv, weight
 
 
 def _conv1d(x, weight, stride, padding, dilation, groups):
@@ -151,17 +157,8 @@ def test_conv2d_over_a_symbolic_height_and_width_matches_torch(case, level):
     channels, filters, kernel, stride, padding, dilation, groups = CASES_2D[case]
     rng = np.random.default_rng(len(case))
     weight = rng.standard_normal((filters, channels // groups, kernel, kernel)).astype("float32")
-    bb = relax.BlockBuilder()
-    h, w = tvm.tirx.Var("h", "int64"), tvm.tirx.Var("w", "int64")
-    x = relax.Var("x", relax.TensorType((tvm.tirx.Var("n", "int64"), channels, h, w), "float32"))
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            conv = relax.op.nn.conv2d(
-                x, relax.const(weight), stride, padding, dilation, groups=groups
-            )
-            out = bb.emit_output(conv)
-        bb.emit_func_output(out)
-    mod = bb.get()
+    spatial = (tvm.tirx.Var("h", "int64"), tvm.tirx.Var("w", "int64"))
+    mod = _conv(relax.op.nn.conv2d, spatial, weight, stride, padding, dilation, groups)
     kernels = run_front_phases(tvmamp.convert(mod, level, TARGET)).functions_items()
     names = [gvar.name_hint for gvar, func in kernels if isinstance(func, tvm.tirx.PrimFunc)]
     assert not [name for name in names if "conv2d" in name], names
