@@ -176,3 +176,18 @@ def test_conv2d_over_a_symbolic_height_and_width_matches_torch(case, level):
         dtype = "float32" if level == "O0" else "bfloat16"
         tol = tolerance(dtype, np.abs(ref).max())
         assert_close(exe(x), ref, **tol, what=f"{case} {level} {shape}")
+
+
+@pytest.mark.parametrize("mcpu", ["sapphirerapids", "cooperlake"])
+def test_builds_for_intel_cpus(mcpu):
+    """The gather and GEMM of a symbolic conv build for Intel's AMX and half-rate
+    ``vdpbf16ps`` targets (this may run on an AMD host, so it is built, not run): symbolic rows
+    never go to AMX, which needs static extents."""
+    rng = np.random.default_rng(3)
+    weight = rng.standard_normal((16, 4, 5)).astype("float32")
+    mod = _conv(relax.op.nn.conv1d, (tvm.tirx.Var("w", "int64"),), weight, 2, 2, 1, 4)
+    target = tvm.target.Target({"kind": "llvm", "mcpu": mcpu, "num-cores": 1})
+    kernels = run_front_phases(tvmamp.convert(mod, "O2", target)).functions_items()
+    names = [gvar.name_hint for gvar, func in kernels if isinstance(func, tvm.tirx.PrimFunc)]
+    assert not [name for name in names if "conv1d" in name], names
+    tvmamp.build(mod, "O2", target)  # compiles for the target: raises on failure
