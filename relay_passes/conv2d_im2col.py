@@ -12,6 +12,8 @@ from tvm.ir.expr import Constant
 
 from tvmamp.tensors import np_dtype
 
+from .symbolic_rows import whole_tiles
+
 # relax's OpPatternKind.kOpaque: FuseOps leaves the gather alone, so that it stays one
 # contiguous copy per (pixel, tap) instead of being inlined into (and recomputing) its producers.
 OPAQUE_PATTERN = 8
@@ -30,9 +32,15 @@ WINDOW_ATTR = "tvmamp.rows_window"
 
 @dataclass(frozen=True)
 class Geometry:
-    """Input size, kernel, strides, dilations, padding and output size of one NCHW conv2d."""
+    """Input size, kernel, strides, dilations, padding and output size of one NCHW conv2d.
 
-    n: int
+    The batch ``n`` may be symbolic (a model exported with a dynamic batch). Rows over a
+    symbolic batch are padded to whole ``row_tile`` rows (:attr:`out_rows`), so that the bf16
+    GEMM reads them in place; kernels that gather from rows read only their first
+    :attr:`pixels`, and compute their padded rows as copies of their last real one.
+    """
+
+    n: int | tirx.PrimExpr
     c: int
     h: int
     w: int
@@ -44,6 +52,7 @@ class Geometry:
     out_h: int
     out_w: int
     groups: int = 1
+    row_tile: int = 1
 
     @classmethod
     def of(cls, attrs, data_shape: tuple[int, ...], weight_shape: tuple[int, ...]) -> Geometry:
@@ -59,8 +68,10 @@ class Geometry:
 
     @classmethod
     def make(cls, data_shape, kernel, strides, dilation, padding, groups: int = 1) -> Geometry:
-        """The geometry of a window ``kernel`` (KH, KW) sliding over NCHW ``data_shape``."""
-        n, c, h, w = (int(d) for d in data_shape)
+        """The geometry of a window ``kernel`` (KH, KW) sliding over NCHW ``data_shape``
+        (whose batch may be symbolic)."""
+        n = data_shape[0] if _symbolic(data_shape[0]) else int(data_shape[0])
+        c, h, w = (int(d) for d in data_shape[1:])
         kh, kw = (int(k) for k in kernel)
         stride = tuple(int(s) for s in strides)
         dilation = tuple(int(d) for d in dilation)
@@ -68,6 +79,33 @@ class Geometry:
         out_h = (h + pad[0] + pad[2] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
         out_w = (w + pad[1] + pad[3] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
         return cls(n, c, h, w, kh, kw, stride, dilation, pad, out_h, out_w, groups)
+
+    @property
+    def symbolic(self) -> bool:
+        """Whether the batch is symbolic."""
+        return _symbolic(self.n)
+
+    @property
+    def pixels(self) -> int | tirx.PrimExpr:
+        """The output pixels, ``n*OH*OW``."""
+        return self.n * self.out_h * self.out_w
+
+    @property
+    def out_rows(self) -> int | tirx.PrimExpr:
+        """The rows of the output: :attr:`pixels`, rounded up to whole ``row_tile`` rows when
+        the batch is symbolic."""
+        return whole_tiles(self.pixels, self.row_tile) if self.symbolic else self.pixels
+
+    def real_row(self, r) -> tirx.PrimExpr:
+        """Output row ``r``, or the last real row for a padded one (past :attr:`pixels`)."""
+        return tirx.min(r, self.pixels - 1) if self.symbolic else r
+
+    def input_rows(self, rows: relax.Expr) -> relax.Expr:
+        """``rows`` of the input without the padded rows: ``[n*H*W, ...]``."""
+        if not self.symbolic:
+            return rows
+        end = self.n * self.h * self.w
+        return relax.op.strided_slice(rows, [0], [0], [end], assume_inbound=True)
 
     @property
     def group_channels(self) -> int:
@@ -78,6 +116,11 @@ class Geometry:
     def pointwise(self) -> bool:
         """Whether the im2col matrix is the input rows themselves (1x1, stride 1, no padding)."""
         return (self.kh, self.kw, self.stride, self.pad) == (1, 1, (1, 1), (0, 0, 0, 0))
+
+
+def _symbolic(dim) -> bool:
+    """Whether a dimension is a PrimExpr other than a constant."""
+    return not isinstance(dim, int | tirx.IntImm)
 
 
 def emit_im2col(bb: relax.BlockBuilder, rows: relax.Expr, g: Geometry) -> relax.Var:
@@ -103,7 +146,7 @@ def emit_run_im2col(bb: relax.BlockBuilder, rows: relax.Expr, g: Geometry) -> re
     """
     run = run_length(g)
     extra = 1 if run > g.kw * g.c else 0  # a last row, so that every run's pair is in bounds
-    nhwc = relax.op.reshape(rows, (g.n, g.h, g.w, g.c))
+    nhwc = relax.op.reshape(g.input_rows(rows), (g.n, g.h, g.w, g.c))
     pads = [0, 0, g.pad[0], g.pad[2] + extra, g.pad[1], g.pad[3], 0, 0]
     padded = bb.emit(relax.op.nn.pad(nhwc, pads))
     hp, wp = g.h + g.pad[0] + g.pad[2] + extra, g.w + g.pad[1] + g.pad[3]
@@ -112,14 +155,14 @@ def emit_run_im2col(bb: relax.BlockBuilder, rows: relax.Expr, g: Geometry) -> re
     def gather(x: te.Tensor) -> te.Tensor:
         def value(r, ky, j):
             pixels = g.out_h * g.out_w
-            b, pix = r // pixels, r % pixels
+            b, pix = g.real_row(r) // pixels, g.real_row(r) % pixels
             y, x0 = pix // g.out_w * g.stride[0] + ky, pix % g.out_w * g.stride[1]
             load = x[((b * hp + y) * wp + x0) * g.c + j]
             if run == g.kw * g.c:
                 return load
             return tirx.Select(j < g.kw * g.c, load, tirx.const(0, x.dtype))
 
-        shape = (g.n * g.out_h * g.out_w, g.kh, run)
+        shape = (g.out_rows, g.kh, run)
         return te.compute(shape, value, name="im2col")
 
     call = bb.call_te(
@@ -129,7 +172,7 @@ def emit_run_im2col(bb: relax.BlockBuilder, rows: relax.Expr, g: Geometry) -> re
         primfunc_attrs={"op_pattern": OPAQUE_PATTERN, IM2COL_ATTR: run},
     )
     col = bb.emit(call)
-    return bb.emit(relax.op.reshape(col, (g.n * g.out_h * g.out_w, g.kh * run)))
+    return bb.emit(relax.op.reshape(col, (g.out_rows, g.kh * run)))
 
 
 def run_length(g: Geometry) -> int:
@@ -182,7 +225,7 @@ def _gemm(col: te.Tensor, weight: te.Tensor, out_dtype: str) -> te.Tensor:
 
 def _im2col(rows: te.Tensor, g: Geometry, attrs: dict | None = None) -> te.Tensor:
     """The gather itself, zero outside the input (the conv's padding)."""
-    shape = (g.n * g.out_h * g.out_w, g.kh * g.kw * g.c)
+    shape = (g.out_rows, g.kh * g.kw * g.c)
     return te.compute(shape, lambda r, q: gather_tap(rows, g, r, q, 0), name="im2col", attrs=attrs)
 
 
@@ -200,7 +243,7 @@ def window_tap(rows: te.Tensor, g: Geometry, r, ky, kx, channel, outside) -> tir
     ``outside``), ``outside`` in the padding; the load is clamped to the input, so that it is
     always in bounds."""
     pixels = g.out_h * g.out_w
-    b, pix = r // pixels, r % pixels
+    b, pix = g.real_row(r) // pixels, g.real_row(r) % pixels
     iy = pix // g.out_w * g.stride[0] + ky * g.dilation[0] - g.pad[0]
     ix = pix % g.out_w * g.stride[1] + kx * g.dilation[1] - g.pad[1]
     inside = tirx.all(iy >= 0, iy < g.h, ix >= 0, ix < g.w)
@@ -230,7 +273,7 @@ def emit_depthwise(
             value = window_tap(x, g, r, ky, kx, c, zero)
             return te.sum(value * w[ky * g.kw + kx, c].astype(out_dtype), axis=[ky, kx])
 
-        shape = (g.n * g.out_h * g.out_w, g.c)
+        shape = (g.out_rows, g.c)
         return te.compute(shape, tap, name="depthwise", attrs={WINDOW_ATTR: g.c})
 
     call = bb.call_te(
@@ -263,7 +306,7 @@ def emit_pool(
         def tap(r, c):
             return reduce(window_tap(x, g, r, ky, kx, c, outside), axis=[ky, kx])
 
-        shape = (g.n * g.out_h * g.out_w, g.c)
+        shape = (g.out_rows, g.c)
         acc = te.compute(shape, tap, name="pool", attrs={WINDOW_ATTR: g.c})
         if kind == "max":
             return te.compute(shape, lambda r, c: acc[r, c].astype(x.dtype), name="pool_cast")

@@ -3,17 +3,20 @@ channel reshapes and transposes (a channel shuffle), channel concatenation and p
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import tvm
-from tvm import relax, tirx
+import tvm_ffi
+from tvm import relax, te, tirx
 
 from tvmamp.tensors import static_shape
 
 from .conv2d_im2col import Geometry, emit_pool, reshape
 from .grouped_conv_gemm import emit_channel_permute
+from .symbolic_rows import whole_tiles
 
 # Ops whose first argument is the only tensor and whose result has its shape.
 UNARY_OPS = tuple(
@@ -52,20 +55,42 @@ class Rows:
     channel axes, ``[n, *chan, h, w]`` (a channel shuffle's reshape), has ``chan`` set and
     ``var`` is ``[n*h*w, *chan]``. ``extras`` holds the other fields of a batch-norm tuple
     (moving mean and variance), whose first field is the rows.
+
+    A symbolic batch ``n`` (a model exported with a dynamic batch) has its rows padded to
+    whole ``tile`` rows (:attr:`rows`), so that a GEMM reads them in place; the padded rows
+    hold copies of real ones, and only the first :attr:`pixels` are read back as NCHW.
     """
 
     var: relax.Expr
-    n: int
+    n: int | tirx.PrimExpr
     h: int
     w: int
     c: int
     extras: tuple = ()
     chan: tuple = ()
+    tile: int = 1
 
     @property
-    def pixels(self) -> int:
-        """The number of rows, ``n*h*w``."""
+    def pixels(self) -> int | tirx.PrimExpr:
+        """The number of pixels, ``n*h*w``."""
         return self.n * self.h * self.w
+
+    @property
+    def padded(self) -> bool:
+        """Whether the batch is symbolic, and :attr:`rows` padded to whole tiles."""
+        return not isinstance(self.n, int)
+
+    @property
+    def rows(self) -> int | tirx.PrimExpr:
+        """The number of rows of ``var``: :attr:`pixels`, padded to whole ``tile`` rows when
+        the batch is symbolic."""
+        return whole_tiles(self.pixels, self.tile) if self.padded else self.pixels
+
+    def same_batch(self, dim: tirx.PrimExpr) -> bool:
+        """Whether ``dim`` (a shape's leading dimension) is ``n``."""
+        if isinstance(dim, tirx.IntImm):
+            return not self.padded and int(dim) == self.n
+        return self.padded and bool(tvm_ffi.structural_equal(dim, self.n))
 
     @property
     def channel_dims(self) -> tuple[int, ...]:
@@ -79,13 +104,32 @@ class Rows:
 
     def with_var(self, var: relax.Expr, extras: tuple = ()) -> Rows:
         """The same shape held in ``var``."""
-        return Rows(var, self.n, self.h, self.w, self.c, extras, self.chan)
+        return dataclasses.replace(self, var=var, extras=extras)
 
     def shaped(self, dims: tuple[int, ...]) -> relax.Expr:
-        """``var`` as ``[n*h*w, *dims]`` (a reshape, a view, unless it already is)."""
+        """``var`` as ``[rows, *dims]`` (a reshape, a view, unless it already is)."""
         if self.channel_dims == tuple(dims):
             return self.var
-        return relax.op.reshape(self.var, (self.pixels, *dims))
+        return relax.op.reshape(self.var, (self.rows, *dims))
+
+    def images(self, bb: relax.BlockBuilder) -> relax.Var:
+        """The value as NHWC ``[n, h, w, *chan]``: a view of ``var``; for padded rows, a gather
+        of the real rows (a strided slice would be fused into the kernel that computes the
+        rows, whose window or GEMM schedule covers the padded rows)."""
+        chan = self.chan or (self.c,)
+        shape = (self.n, self.h, self.w, *chan)
+        if not self.padded:
+            return bb.emit(relax.op.reshape(self.var, shape))
+        shaped = self.shaped(chan)
+        source = shaped if shaped is self.var else bb.emit(shaped)
+
+        def gather(x: te.Tensor) -> te.Tensor:
+            def value(b, y, col, *channel):
+                return x[((b * self.h + y) * self.w + col, *channel)]
+
+            return te.compute(shape, value, name="images")
+
+        return bb.emit(bb.call_te(gather, source, primfunc_name_hint="rows_images"))
 
     def flat(self, bb: relax.BlockBuilder) -> relax.Expr:
         """``var`` as ``[n*h*w, c]``, emitted once where a reshape is needed."""
@@ -95,8 +139,7 @@ class Rows:
     def to_nchw(self, bb: relax.BlockBuilder, var: relax.Var | None = None) -> relax.Var:
         """Emit the NCHW value (a tuple for a batch-norm result), bound to ``var`` if given."""
         chan = self.chan or (self.c,)
-        nhwc = bb.emit(relax.op.reshape(self.var, (self.n, self.h, self.w, *chan)))
-        value = relax.op.permute_dims(nhwc, (0, *range(3, 3 + len(chan)), 1, 2))
+        value = relax.op.permute_dims(self.images(bb), (0, *range(3, 3 + len(chan)), 1, 2))
         if self.extras:
             value = relax.Tuple([bb.emit(value), *self.extras])
         if var is None:
@@ -162,7 +205,8 @@ def rows_reduction(bb: relax.BlockBuilder, value: relax.Expr, rows: dict) -> rel
     axes = [int(a) % 4 for a in value.attrs.axis] if value.attrs.axis is not None else None
     if source is None or source.extras or source.chan or sorted(axes or []) != [2, 3]:
         return None
-    pixels = bb.emit(relax.op.reshape(source.var, (source.n, source.h * source.w, source.c)))
+    images = source.images(bb) if source.padded else source.var
+    pixels = bb.emit(relax.op.reshape(images, (source.n, source.h * source.w, source.c)))
     mean = relax.op.mean(pixels, axis=[1])
     if bool(value.attrs.keepdims):
         return relax.op.reshape(bb.emit(mean), (source.n, source.c, 1, 1))
@@ -172,6 +216,8 @@ def rows_reduction(bb: relax.BlockBuilder, value: relax.Expr, rows: dict) -> rel
 def _binary(bb, call: relax.Call, held: Callable, visit: Callable) -> Rows | None:
     """``a op b`` with one side rows and the other rows of the same shape or per-channel."""
     lhs, rhs = (held(arg) for arg in call.args)
+    if lhs is not None and rhs is not None and lhs.padded and not lhs.same_layout(rhs):
+        return _image_binary(bb, call, lhs, rhs)
     if lhs is not None and rhs is not None:
         if lhs.extras or not lhs.same_layout(rhs):
             return None
@@ -184,6 +230,8 @@ def _binary(bb, call: relax.Call, held: Callable, visit: Callable) -> Rows | Non
     if side is None or side.extras or side.chan:
         return None
     vector = per_channel(visit(other), side.c, side.channel_dims)
+    if vector is None and side.padded:
+        vector = _per_image(bb, _image_table(bb, visit(other), side), side)
     if vector is None:
         return None
     args = [side.var, vector] if lhs is not None else [vector, side.var]
@@ -209,6 +257,46 @@ def per_channel(
         return expr
     target = tuple(dims) if dims is not None and dims_in[1] == channels else (dims_in[1],)
     return reshape(expr, target)
+
+
+def _image_binary(bb, call: relax.Call, lhs: Rows, rhs: Rows) -> Rows | None:
+    """``a op b`` on rows over a symbolic batch where one side has one pixel an image
+    (``[n, c, 1, 1]``: a squeeze-and-excitation scale after its 1x1 convs) and the other
+    side ``c`` channels of the same batch."""
+    small, large = (lhs, rhs) if (lhs.h, lhs.w) == (1, 1) else (rhs, lhs)
+    if (small.h, small.w) != (1, 1) or small.extras or small.chan or large.extras or large.chan:
+        return None
+    if small.c != large.c or not large.same_batch(small.n):
+        return None
+    vector = _per_image(bb, small.flat(bb), large)
+    args = [large.var, vector] if large is lhs else [vector, large.var]
+    return large.with_var(bb.emit(relax.Call(call.op, args, call.attrs)))
+
+
+def _image_table(bb: relax.BlockBuilder, expr: relax.Expr, rows: Rows) -> relax.Expr | None:
+    """``expr`` of shape ``[n, c, 1, 1]`` (one value per image and channel of ``rows``) as the
+    matrix ``[n, c]``; else ``None``."""
+    shape = expr.ty.shape.values if isinstance(expr.ty, relax.TensorType) else None
+    if shape is None or len(shape) != 4 or not rows.same_batch(shape[0]):
+        return None
+    if not all(isinstance(d, tirx.IntImm) for d in shape[1:]) or rows.channel_dims != (rows.c,):
+        return None
+    if [int(d) for d in shape[1:]] != [rows.c, 1, 1]:
+        return None
+    return bb.emit(relax.op.reshape(expr, (rows.n, rows.c)))
+
+
+def _per_image(bb: relax.BlockBuilder, table: relax.Expr | None, rows: Rows) -> relax.Expr:
+    """``[rows, c]``: row ``b`` of ``table`` (``[n, c]`` or more rows) for each pixel of
+    image ``b`` of ``rows`` (its padded rows read the last image), a take that FuseOps fuses
+    into the elementwise op that reads it. ``None`` for a ``None`` table."""
+    if table is None:
+        return None
+    pixel = bb.emit(relax.op.arange(tirx.IntImm("int64", 0), rows.rows, dtype="int64"))
+    image = bb.emit(relax.op.floor_divide(pixel, relax.const(rows.h * rows.w, "int64")))
+    zero, last = (relax.prim_value(tirx.IntImm("int64", 0)), relax.prim_value(rows.n - 1))
+    image = bb.emit(relax.op.clip(image, zero, last))
+    return bb.emit(relax.op.take(table, image, axis=0))
 
 
 def _batch_norm(bb, call: relax.Call, data: Rows, visit: Callable) -> Rows | None:
@@ -239,17 +327,19 @@ def _batch_norm(bb, call: relax.Call, data: Rows, visit: Callable) -> Rows | Non
 def _reshape(bb, call: relax.Call, data: Rows) -> Rows | None:
     """A reshape of the channel axes only: ``[n, *chan, h, w]`` to ``[n, *chan2, h, w]``."""
     shape = call.ty.shape.values if isinstance(call.ty, relax.TensorType) else None
-    if shape is None or not all(isinstance(d, tirx.IntImm) for d in shape) or len(shape) < 4:
+    if shape is None or len(shape) < 4 or not all(isinstance(d, tirx.IntImm) for d in shape[1:]):
         return None
-    dims = [int(d) for d in shape]
-    if (dims[0], *dims[-2:]) != (data.n, data.h, data.w) or math.prod(dims[1:-2]) != data.c:
+    if not data.same_batch(shape[0]):
         return None
-    chan = tuple(dims[1:-2])
+    dims = [int(d) for d in shape[1:]]
+    if tuple(dims[-2:]) != (data.h, data.w) or math.prod(dims[:-2]) != data.c:
+        return None
+    chan = tuple(dims[:-2])
     if len(chan) == 1:
-        return Rows(data.var, data.n, data.h, data.w, data.c)
+        return dataclasses.replace(data, chan=())
     shaped = data.shaped(chan)
     var = shaped if shaped is data.var else bb.emit(shaped)
-    return Rows(var, data.n, data.h, data.w, data.c, chan=chan)
+    return dataclasses.replace(data, var=var, chan=chan)
 
 
 def _permute(bb, call: relax.Call, data: Rows) -> Rows | None:
@@ -267,7 +357,7 @@ def _permute(bb, call: relax.Call, data: Rows) -> Rows | None:
     perm = [a - 1 for a in inner]
     moved = emit_channel_permute(bb, data.var, perm)
     chan = tuple(data.chan[a] for a in perm)
-    return Rows(moved, data.n, data.h, data.w, data.c, chan=chan)
+    return dataclasses.replace(data, var=moved, chan=chan)
 
 
 def _concat(bb, call: relax.Call, held: Callable) -> Rows | None:
@@ -282,7 +372,7 @@ def _concat(bb, call: relax.Call, held: Callable) -> Rows | None:
         return None
     columns = bb.emit(relax.op.concat([r.flat(bb) for r in parts], axis=1))
     first = parts[0]
-    return Rows(columns, first.n, first.h, first.w, sum(r.c for r in parts))
+    return dataclasses.replace(first, var=columns, c=sum(r.c for r in parts))
 
 
 def _ceil_padding(data: Rows, attrs, padding: list[int], out_hw) -> list[int]:
@@ -320,8 +410,9 @@ def _pool(bb, call: relax.Call, data: Rows) -> Rows | None:
         attrs.dilation,
         padding,
     )
+    g = dataclasses.replace(g, row_tile=data.tile)
     if bool(attrs.ceil_mode) and (g.out_h, g.out_w) != tuple(static_shape(call.ty)[2:]):
         return None
     include_pad = bool(getattr(attrs, "count_include_pad", True))
     pooled = emit_pool(bb, data.flat(bb), g, _POOLS[call.op], include_pad)
-    return Rows(pooled, g.n, g.out_h, g.out_w, g.c)
+    return Rows(pooled, g.n, g.out_h, g.out_w, g.c, tile=g.row_tile)

@@ -27,13 +27,15 @@ Inputs are transposed to rows once, before their first conv.
 
 from __future__ import annotations
 
+import dataclasses
+
 import tvm
-from tvm import relax
+from tvm import relax, te, tirx
 from tvm.ir.expr import Constant
 from tvm.relax import PyExprMutator
 
 from tvmamp.tensors import out_dtype as conv_out_dtype
-from tvmamp.tensors import static_shape
+from tvmamp.tensors import static_shape, static_shape_but_batch
 
 from .conv2d_im2col import (
     Geometry,
@@ -49,6 +51,7 @@ from .conv2d_im2col import (
 from .conv2d_rows import Rows, rows_call, rows_reduction
 from .conv_transpose_gemm import TransposeGeometry, emit_col2im, transpose_weight
 from .grouped_conv_gemm import emit_grouped_gemm, grouped_weight
+from .symbolic_rows import whole_tiles
 
 _CONV = tvm.ir.Op.get("relax.nn.conv2d")
 _CONV_T = tvm.ir.Op.get("relax.nn.conv2d_transpose")
@@ -91,6 +94,12 @@ class Conv2dToGemm:
         (:mod:`.conv_transpose_gemm`). The GEMM's result is that many times the output, so
         transposed convs whose taps overlap more are left to the sub-pixel rewrite
         (:mod:`.conv_transpose`).
+    row_tile : int or None
+        Convs over a symbolic batch (a model exported with a dynamic batch) are rewritten too
+        when this is set, all but grouped and transposed ones: their rows are padded to whole
+        tiles of ``row_tile`` rows (the bf16 GEMM's row tile), and each GEMM reads its columns
+        from an im2col kernel of its own (a GEMM kernel cannot copy a symbolic number of bf16
+        rows, docs/CPU_BF16.md). ``None`` (the default) leaves them to the direct conv.
     """
 
     def __init__(
@@ -100,12 +109,14 @@ class Conv2dToGemm:
         min_channels: int = 1,
         min_group_channels: int = 16,
         max_transpose_taps: int = 4,
+        row_tile: int | None = None,
     ):
         options = {
             "gather_channels": gather_channels,
             "min_channels": min_channels,
             "min_group_channels": min_group_channels,
             "max_transpose_taps": max_transpose_taps,
+            "row_tile": 1 if row_tile is None else row_tile,
         }
         for name, value in options.items():
             if value < 1:
@@ -115,6 +126,7 @@ class Conv2dToGemm:
         self.min_channels = min_channels
         self.min_group_channels = min_group_channels
         self.max_transpose_taps = max_transpose_taps
+        self.row_tile = row_tile
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         """Rewrite the conv2d calls of every Relax function of ``mod``."""
@@ -139,7 +151,12 @@ class Conv2dToGemm:
         data, weight = call.args
         dtypes = {str(data.ty.dtype), str(weight.ty.dtype)}
         shapes = (static_shape(data.ty), static_shape(weight.ty), static_shape(call.ty))
-        if dtypes != {self.dtype} or None in shapes:
+        if dtypes != {self.dtype} or shapes[1] is None:
+            return False
+        symbolic = None in shapes
+        if symbolic and (self.row_tile is None or call.op == _CONV_T):
+            return False
+        if symbolic and None in (static_shape_but_batch(data.ty), static_shape_but_batch(call.ty)):
             return False
         if call.op == _CONV_T:
             dense = int(attrs.groups) == 1 and all(int(d) == 1 for d in attrs.dilation)
@@ -149,7 +166,7 @@ class Conv2dToGemm:
         if groups > 1 and c == 1 and f == groups:  # depthwise, one output channel per group
             return on_rows
         if groups > 1:
-            return min(c, f // groups) >= self.min_group_channels
+            return not symbolic and min(c, f // groups) >= self.min_group_channels
         return c >= self.min_channels or kh * kw <= 9
 
 
@@ -210,7 +227,8 @@ class _Rewriter(PyExprMutator):
 
     def _conv(self, call: relax.Call) -> Rows:
         data, weight = call.args
-        g = Geometry.of(call.attrs, static_shape(data.ty), static_shape(weight.ty))
+        g = Geometry.of(call.attrs, static_shape_but_batch(data.ty), static_shape(weight.ty))
+        g = dataclasses.replace(g, row_tile=self.options.row_tile or 1)
         f = static_shape(weight.ty)[0]
         out_dtype = conv_out_dtype(call, self.options.dtype)
         weight = self.visit_expr(weight)
@@ -220,7 +238,7 @@ class _Rewriter(PyExprMutator):
             out = self._grouped(data, weight, g, f, out_dtype)
         else:
             out = self._dense(data, weight, g, f, out_dtype)
-        return Rows(out, g.n, g.out_h, g.out_w, f)
+        return Rows(out, g.n, g.out_h, g.out_w, f, tile=g.row_tile)
 
     def _transposed(self, call: relax.Call) -> Rows:
         """One GEMM over the input rows, then the col2im gather (:mod:`.conv_transpose_gemm`)."""
@@ -251,7 +269,7 @@ class _Rewriter(PyExprMutator):
         gathered at once for narrow ones (fewer than ``gather_channels``)."""
         bb = self.builder_
         rows = self._input_rows(data, g, (g.c,))
-        fused = not g.pointwise and g.c % self.options.gather_channels == 0
+        fused = not g.pointwise and g.c % self.options.gather_channels == 0 and not g.symbolic
         if g.c < self.options.gather_channels and not g.pointwise and g.dilation == (1, 1):
             col = emit_run_im2col(bb, rows, g)
             w2 = self._leaf(run_weight(weight, g, f))
@@ -273,6 +291,8 @@ class _Rewriter(PyExprMutator):
             shaped = self.rows[data].shaped(dims)
             return shaped if isinstance(shaped, relax.Var) else self.builder_.emit(shaped)
         source = self.visit_expr(data)
+        if g.symbolic:
+            return self.builder_.emit(_padded_rows(self.builder_, source, g))
         pixels = g.h * g.w
         if g.n == 1 and tuple(dims) == (g.c,) and g.c % 16 == 0 and pixels % 16 == 0:
             # [C, H*W] is a free view of one NCHW image, and its transpose is the rows: a plain
@@ -288,3 +308,19 @@ class _Rewriter(PyExprMutator):
         if var not in self.nchw:
             self.nchw[var] = self.rows[var].to_nchw(self.builder_)
         return self.nchw[var]
+
+
+def _padded_rows(bb: relax.BlockBuilder, data: relax.Expr, g: Geometry) -> relax.Expr:
+    """NCHW ``data`` over a symbolic batch as rows ``[whole_tiles(n*H*W), C]``, the padded
+    rows copies of the last real one: one copy kernel that transposes and pads."""
+    pixels = g.n * g.h * g.w
+
+    def rows(x: te.Tensor) -> te.Tensor:
+        def value(r, c):
+            real = tirx.min(r, pixels - 1)
+            b, pix = real // (g.h * g.w), real % (g.h * g.w)
+            return x[b, c, pix // g.w, pix % g.w]
+
+        return te.compute((whole_tiles(pixels, g.row_tile), g.c), value, name="rows")
+
+    return bb.call_te(rows, data, primfunc_name_hint="nchw_rows")

@@ -59,7 +59,7 @@ def emit_grouped_gemm(
 
         def loader(x):
             col = te.compute(
-                (g.groups, g.n * g.out_h * g.out_w, g.kh * g.kw * g.group_channels),
+                (g.groups, g.out_rows, g.kh * g.kw * g.group_channels),
                 lambda s, r, q: gather_tap(x, g, r, q, s * g.group_channels),
                 name="im2col",
                 attrs={GATHER_ATTR: g.group_channels},
@@ -71,7 +71,7 @@ def emit_grouped_gemm(
         groups, depth, fg = (int(d) for d in w.shape)
         k = te.reduce_axis((0, depth), name="k")
         return te.compute(
-            (g.n * g.out_h * g.out_w, groups, fg),
+            (g.out_rows, groups, fg),
             lambda p, s, f: te.sum(
                 load(s, p, k).astype(out_dtype) * w[s, k, f].astype(out_dtype), axis=k
             ),
@@ -98,7 +98,7 @@ def emit_channel_permute(bb: relax.BlockBuilder, rows: relax.Expr, perm: list[in
     """
 
     def permute(x: te.Tensor) -> te.Tensor:
-        shape = [int(x.shape[0]), *(int(x.shape[1 + a]) for a in perm)]
+        shape = [x.shape[0], *(int(x.shape[1 + a]) for a in perm)]
 
         def move(p, *index):
             source = [None] * len(perm)

@@ -216,6 +216,7 @@ def partition_passes(target: tvm.target.Target, _policy) -> list:
     from tvmamp.relay_passes.symbolic_rows import PadSymbolicRows
     from tvmamp.relay_passes.take_bounds import GuardTakeIndices
     from tvmamp.relay_passes.weight_transpose import FuseWeightTranspose
+    from tvmamp.schedules.cpu.bf16_common import bf16_dot_at_half_rate
     from tvmamp.schedules.cpu.bf16_matmul import CPUMatmulBF16
     from tvmamp.schedules.cpu.bf16_softmax import merges_columns
 
@@ -230,9 +231,12 @@ def partition_passes(target: tvm.target.Target, _policy) -> list:
     first += [GroupNormAsInstanceNorm(), SinkRowLayoutBelowMatmul()]
     if not has_bf16(target):
         return [*first, ConvTransposeToSubPixel(), DepthwisePlanes(), FastMath()]
-    symbolic = PadSymbolicRows(CPUMatmulBF16.Config().tile_i)
+    tile = CPUMatmulBF16.Config().tile_i
+    symbolic = PadSymbolicRows(tile)
     if convs_to_gemm(target):
-        gemm = Conv2dToGemm("bfloat16")
+        # convs over a symbolic batch: the GEMM over symbolic rows runs on vdpbf16ps, not AMX,
+        # so where vdpbf16ps runs at half the fp32 rate (Intel) the direct conv's FMAs win
+        gemm = Conv2dToGemm("bfloat16", row_tile=None if bf16_dot_at_half_rate(target) else tile)
         sub_pixel = ConvTransposeToSubPixel(leave=gemm.rewrites)  # what gemm runs on rows
         rows = [sub_pixel, gemm, FuseWeightTranspose(), symbolic, DepthwisePlanes()]
     else:

@@ -52,6 +52,18 @@ def static_shape(ty) -> tuple[int, ...] | None:
     return tuple(int(d) for d in dims)
 
 
+def static_shape_but_batch(ty) -> tuple | None:
+    """The shape of a ``relax.TensorType`` whose dimensions are constants (ints) but for the
+    leading one, which may be symbolic (a PrimExpr: a dynamic batch); else None."""
+    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
+        return None
+    dims = ty.shape.values
+    if not dims or not all(isinstance(d, tvm.tirx.IntImm) for d in dims[1:]):
+        return None
+    first = int(dims[0]) if isinstance(dims[0], tvm.tirx.IntImm) else dims[0]
+    return (first, *(int(d) for d in dims[1:]))
+
+
 def check_array(array, name: str, ty, component: str) -> np.ndarray:
     """``array`` as numpy, checked against the dtype and static shape of the type ``ty``.
 

@@ -12,7 +12,7 @@ from tvm.target import Target
 from tvmamp.relay_passes.conv2d_im2col import GATHER_ATTR, IM2COL_ATTR
 
 from .bf16_common import root_blocks
-from .common import largest_divisor, use_parallel, vector_lanes
+from .common import largest_divisor, nominal, use_parallel, vector_lanes
 from .matmul_analysis import iter_kinds
 
 
@@ -58,7 +58,9 @@ def schedule_im2col(sch: s_tir.Schedule, block: SBlockRV, channels: int, target:
     loops = sch.get_loops(block)
     if len(loops) == 3:  # ``col[rows, KH, run]`` (emit_run_im2col): one vector copy per run
         sch.vectorize(loops[-1])
-        if use_parallel(target, math.prod(int(iv.dom.extent) for iv in sch.get(block).iter_vars)):
+        if use_parallel(
+            target, math.prod(nominal(iv.dom.extent) for iv in sch.get(block).iter_vars)
+        ):
             sch.parallel(loops[0])
         return
     row, col = loops
@@ -70,6 +72,6 @@ def schedule_im2col(sch: s_tir.Schedule, block: SBlockRV, channels: int, target:
     else:
         vec = channel
     sch.vectorize(vec)
-    work = math.prod(int(iv.dom.extent) for iv in sch.get(block).iter_vars)
+    work = math.prod(nominal(iv.dom.extent) for iv in sch.get(block).iter_vars)
     if use_parallel(target, work):
         sch.parallel(row)

@@ -464,6 +464,8 @@ def schedule_injective(
     if extents[-1] is None:  # a symbolic innermost extent: LLVM's loop vectoriser takes it
         _symbolic_rows(sch, loops, parallel)
         return
+    if None in extents[:1] and _transpose_over_batch(sch, block, extents, lanes, parallel):
+        return
     if None in extents:  # a symbolic extent (a dynamic batch): the innermost loop is the vector
         vector = largest_divisor(extents[-1], lanes)
         vec_outer, vec = sch.split(loops[-1], [None, vector])
@@ -529,6 +531,33 @@ def _square_tile(extents: list, lanes: int) -> int | None:
             return side
         side //= 2
     return top if min(extents[-2:]) >= bottom else None
+
+
+def _transpose_over_batch(sch: s_tir.Schedule, block, extents: list, lanes: int, parallel: bool):
+    """A transposing copy whose only symbolic loop is the outermost (a dynamic batch): its two
+    innermost loops tiled in squares as for static shapes (16 x 16 register transposes where
+    they apply), its two outermost loops fused, in parallel when ``parallel``. Returns False,
+    ``sch`` unchanged, where that does not apply."""
+    if None in extents[1:] or len(extents) < 3:
+        return False
+    square = _square_tile(extents, lanes)
+    if square is None or not _reads_transposed(sch.get(block)):
+        return False
+    found = None
+    if lanes >= transpose.SIDE and square == transpose.SIDE:
+        found = _tensorize_transpose(sch, block, extents)
+    if found is not None:
+        llvm_ir, tile = found
+        outer = sch.get_loops(tile)
+    else:
+        outer, vec = _tile_square(sch, sch.get_loops(block), square)
+        sch.vectorize(vec)
+    fused = sch.fuse(*outer[:2])
+    if parallel:
+        sch.parallel(fused)
+    if found is not None:
+        sch.annotate(fused, "pragma_import_llvm", llvm_ir)
+    return True
 
 
 def _tensorize_transpose(sch: s_tir.Schedule, block, extents: list) -> tuple | None:

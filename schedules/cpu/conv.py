@@ -12,7 +12,6 @@ from tvm.target import Target
 
 from .common import (
     CPURule,
-    all_static,
     nominal,
     num_cores,
     static_but_batch,
@@ -76,14 +75,14 @@ class CPUConv2d(CPURule):
     CONFIGS = {512: Config(), 256: Config(registers=12), 128: Config(registers=12)}
 
     def takes_shapes(self, sch: s_tir.Schedule) -> bool:
-        """Static shapes, or a symbolic batch (:func:`.common.static_but_batch`)."""
-        return static_but_batch(sch)
+        """Static shapes, or a symbolic batch (:func:`.common.static_but_batch`); the rows
+        kernels also over a symbolic batch's rows padded to whole tiles."""
+        return static_but_batch(sch) or any(find(sch) is not None for find, _ in _ROWS_KERNELS)
 
     def apply(  # pylint: disable=missing-function-docstring
         self, func: tirx.PrimFunc, target: Target, _: bool
     ) -> s_tir.Schedule | None:
-        static = isinstance(func, tirx.PrimFunc) and all_static(s_tir.Schedule(func))
-        for find_rows, schedule_rows in _ROWS_KERNELS if static else ():  # static rows only
+        for find_rows, schedule_rows in _ROWS_KERNELS:  # rows over a static or symbolic batch
             rows = self.schedule_block(
                 func, target, find_rows, functools.partial(schedule_rows, target=target)
             )

@@ -65,7 +65,9 @@ class CPUElementwise(CPURule):
                 # TVM 0.27's bf16 legalization rejects a vector store of a bf16 constant
                 # (``zeros``/``full``): fill those one element at a time.
                 lanes = 1 if dtype == "bfloat16" and not stmt.reads else vector_lanes(target, dtype)
-                if not static:  # a dynamic batch: schedule_injective vectorises the innermost loop
+                if not static:  # schedule_injective vectorises the innermost loop
+                    if _static_but_outer(sch, block):  # a transpose over a dynamic batch
+                        fuse_transposed_inner(sch, block)
                     schedule_injective(sch, block, lanes, parallel)
                     continue
                 if schedule_concat(sch, block, lanes, parallel):
@@ -80,6 +82,13 @@ class CPUElementwise(CPURule):
         except ScheduleError:
             return None
         return sch
+
+
+def _static_but_outer(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
+    """Whether every loop of ``block`` but the outermost has a constant extent (a copy over
+    a dynamic batch, whose inner loops are scheduled as for static shapes)."""
+    loops = sch.get_loops(block)
+    return all(static_extent(sch.get(loop).extent) is not None for loop in loops[1:])
 
 
 def _is_spatial(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:

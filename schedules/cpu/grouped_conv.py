@@ -24,6 +24,7 @@ from tvmamp.relay_passes.grouped_conv_gemm import PERMUTE_ATTR
 
 from . import conv_staging, transpose_intrin
 from .common import (
+    divisible,
     inline_epilogue,
     largest_divisor,
     logger,
@@ -244,7 +245,7 @@ def schedule_permute(sch: s_tir.Schedule, block: SBlockRV, target: Target) -> No
     if extent > _MAX_UNROLL:
         inner = sch.split(inner, [None, largest_divisor(extent, _MAX_UNROLL)])[-1]
     sch.unroll(inner)
-    if use_parallel(target, int(sch.get(pixel).extent) * extent):
+    if use_parallel(target, nominal(sch.get(pixel).extent) * extent):
         sch.parallel(pixel)
 
 
@@ -257,11 +258,13 @@ def schedule_window(sch: s_tir.Schedule, window: SBlockRV, target: Target) -> No
     tile. The accumulator tile is a ``local`` buffer; the epilogue (casts, the average's
     division, bias, activation) runs on it.
     """
-    pixels, channels = (int(iv.dom.extent) for iv in sch.get(window).iter_vars[:2])
+    pixels, channels = (iv.dom.extent for iv in sch.get(window).iter_vars[:2])
+    channels = int(channels)
     lanes = vector_lanes(target, "float32")
     width = vector_width(channels, lanes)
     vectors = largest_divisor(channels // width, _WINDOW_VECTORS)
-    tile_r = largest_divisor(pixels, _WINDOW_REGISTERS // vectors)
+    # symbolic pixels (a dynamic batch) are padded to whole GEMM row tiles
+    tile_r = next(t for t in range(_WINDOW_REGISTERS // vectors, 0, -1) if divisible(pixels, t))
     r, c, ky, kx = sch.get_loops(window)
     r_outer, r_inner = sch.split(r, [None, tile_r])
     c_outer, c_vector, c_lane = sch.split(c, [None, vectors, width])
@@ -278,7 +281,7 @@ def schedule_window(sch: s_tir.Schedule, window: SBlockRV, target: Target) -> No
     sch.unroll(c_vector)
     sch.vectorize(c_lane)
     outer = sch.fuse(r_outer, c_outer)
-    work = math.prod(int(iv.dom.extent) for iv in sch.get(window).iter_vars)
+    work = math.prod(nominal(iv.dom.extent) for iv in sch.get(window).iter_vars)
     if use_parallel(target, work):
         sch.parallel(outer)
     init = sch.decompose_reduction(window, ky)

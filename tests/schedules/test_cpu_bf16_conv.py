@@ -242,7 +242,9 @@ def _force_fused_gather(monkeypatch) -> None:
 
     rewrite = conv2d_to_gemm.Conv2dToGemm
     monkeypatch.setattr(
-        conv2d_to_gemm, "Conv2dToGemm", lambda dtype: rewrite(dtype, gather_channels=1)
+        conv2d_to_gemm,
+        "Conv2dToGemm",
+        lambda dtype, **options: rewrite(dtype, gather_channels=1, **options),
     )
 
 

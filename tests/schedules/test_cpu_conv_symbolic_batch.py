@@ -61,11 +61,15 @@ def _scheduled_kernels(mod, level):
 @pytest.mark.parametrize("level", ["O0", "O2"])
 def test_conv_over_a_symbolic_batch(case, level):
     """Each conv kernel gets the direct conv's register tiles (accumulators in a ``local``
-    tile, vectorised), and the result matches torch in float64 at batches 1 and 3."""
+    tile, vectorised), and the result matches torch in float64 at batches 1 and 3. Dense bf16
+    convs (O2) go to GEMMs on rows instead (tests/relay_passes/test_conv_rows_symbolic_batch)."""
     mod, weight, bias = _conv_module(case)
     kernels = _scheduled_kernels(mod, level)
     convs = {name: f for name, f in kernels.items() if "conv2d" in name}
-    assert convs, list(kernels)
+    if level == "O2" and CASES[case][-1] == 1:
+        assert not convs and any("matmul" in name for name in kernels), list(kernels)
+    else:
+        assert convs, list(kernels)
     for name, func in convs.items():  # the direct conv's register tiles, vectorised
         text = func.script()
         assert 'scope="local"' in text and "T.vectorized" in text, name
