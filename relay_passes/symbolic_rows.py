@@ -13,7 +13,10 @@ Here ``matmul(a, b)`` with symbolic rows ``m`` not provably a multiple of ``tile
     padded = concat([a, zeros(..., ceil(m / tile) * tile - m, k)], axis=-2)
     matmul(padded, b)[..., :m, :]
 
-The padded rows are zeros and are sliced off, so the result is the same. A batched ``a``
+The padded rows are zeros and are sliced off, so the result is the same. Where TVM cannot
+prove that the padded rows cover the slice (``b * 50`` rows: the tile shares a factor with
+50), a slice fused into the GEMM kernel kept every rule from scheduling it, so the first rows
+are taken as a view instead, and the ops after it run in a kernel of their own. A batched ``a``
 against a 2-D ``b`` is padded as one matrix of all its rows (:meth:`_Rewriter._flattened`),
 also where only its batch is symbolic and its rows are no whole tiles (ViT's 65 tokens under a
 dynamic batch: in the kernel, rows padded to tiles would be a copy of ``a``).
@@ -83,6 +86,13 @@ class _Rewriter(PyExprMutator):
         a = self.builder_.emit(relax.op.concat([a, zeros], axis=len(shape) - 2))
         out = self.builder_.emit(relax.op.matmul(a, b, out_dtype=call.attrs.out_dtype))
         axis = out.ty.ndim - 2
+        if axis == 0 and not Analyzer().can_prove(padded - rows >= 0):
+            # The first rows of the result, as a view: TVM cannot prove that the padded rows
+            # cover the slice (rows = b * 50: 8 * ((50 * b + 7) // 8) >= 50 * b fails where 50
+            # and the tile share a factor), so a slice fused into the GEMM's epilogue made the
+            # kernel no stage pipeline, and no rule scheduled it (a scalar loop, 100x slower).
+            # The ops after the view run in a kernel of their own.
+            return relax.op.memory.view(out, relax.ShapeExpr([rows, *out.ty.shape.values[1:]]))
         return relax.op.strided_slice(out, [axis], [0], [rows], assume_inbound=True)
 
     def _flattened(self, a, b, out_dtype):

@@ -68,20 +68,22 @@ def test_a_batched_left_operand_is_padded_as_one_matrix_of_all_its_rows(static_r
     tvm.ir.assert_structural_equal(after, bb.get(), map_free_vars=True)
 
 
-@pytest.mark.parametrize("static_rows", [False, True], ids=["m rows", "29 rows"])
+@pytest.mark.parametrize("static_rows", [None, 29, 50, 12], ids=lambda r: f"{r or 'm'} rows")
 def test_a_linear_over_symbolic_batch_and_rows_runs_on_the_bf16_gemm(caplog, static_rows):
     """An ONNX export with symbolic batch and length: its Linear layers run on the bf16 GEMM
     kernel (an MPT ran 200x slower with them left scalar), and the padded rows stay out; and
-    with a symbolic batch only, over rows of no whole tiles."""
+    with a symbolic batch only, over rows of no whole tiles. With 50 or 12 rows (a factor
+    shared with the tile) TVM cannot prove that the padded rows cover the slice, which stopped
+    the GEMM rule (torch's MultiheadAttention under a dynamic batch ran 23x slower)."""
     import logging
 
-    rows_of = (lambda m: 29) if static_rows else None
+    rows_of = (lambda m: static_rows) if static_rows else None
     mod, weight = _symbolic_linear(batch=(tirx.Var("b", "int64"),), rows_of=rows_of)
     with caplog.at_level(logging.INFO, logger="tvmamp.schedules"):
         exe = tvmamp.build(mod, "O2", "llvm -mcpu=znver4 -num-cores=1", dtype="bfloat16")
     refused = [r.getMessage() for r in caplog.records if "CPUMatmulBF16 left" in r.getMessage()]
     assert not refused, refused
-    for batch, rows in ((2, 29), (3, 29 if static_rows else 8)):
+    for batch, rows in ((2, static_rows or 29), (3, static_rows or 8)):
         x = np.random.default_rng(rows).standard_normal((batch, rows, 96)).astype("float32")
         out = np.asarray(exe(x))
         ref = x.astype("float64") @ weight.astype("float64")
