@@ -296,7 +296,7 @@ def _per_image(bb: relax.BlockBuilder, table: relax.Expr | None, rows: Rows) -> 
     image = bb.emit(relax.op.floor_divide(pixel, relax.const(rows.h * rows.w, "int64")))
     zero, last = (relax.prim_value(tirx.IntImm("int64", 0)), relax.prim_value(rows.n - 1))
     image = bb.emit(relax.op.clip(image, zero, last))
-    return bb.emit(relax.op.take(table, image, axis=0))
+    return bb.emit(relax.op.take(table, image, axis=0, mode="clip"))
 
 
 def _batch_norm(bb, call: relax.Call, data: Rows, visit: Callable) -> Rows | None:
