@@ -12,7 +12,7 @@ import tvm
 import tvm_ffi
 from tvm import relax, te, tirx
 
-from tvmamp.tensors import static_shape
+from tvmamp.tensors import static_shape_but_batch
 
 from .conv2d_im2col import Geometry, emit_pool, reshape
 from .grouped_conv_gemm import emit_channel_permute
@@ -399,7 +399,7 @@ def _pool(bb, call: relax.Call, data: Rows) -> Rows | None:
         return None
     padding = [int(p) for p in attrs.padding]
     if bool(attrs.ceil_mode):
-        out = static_shape(call.ty)
+        out = static_shape_but_batch(call.ty)
         if _POOLS[call.op] != "max" or out is None:
             return None
         padding = _ceil_padding(data, attrs, padding, out[2:])
@@ -411,7 +411,7 @@ def _pool(bb, call: relax.Call, data: Rows) -> Rows | None:
         padding,
     )
     g = dataclasses.replace(g, row_tile=data.tile)
-    if bool(attrs.ceil_mode) and (g.out_h, g.out_w) != tuple(static_shape(call.ty)[2:]):
+    if bool(attrs.ceil_mode) and (g.out_h, g.out_w) != tuple(out[2:]):
         return None
     include_pad = bool(getattr(attrs, "count_include_pad", True))
     pooled = emit_pool(bb, data.flat(bb), g, _POOLS[call.op], include_pad)

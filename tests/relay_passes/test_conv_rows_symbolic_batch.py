@@ -28,7 +28,8 @@ TARGET = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
 
 
 class _Net(nn.Module):
-    """Every op family of the rows rewrite: an RGB stem, batch norm, max and average pools, a
+    """Every op family of the rows rewrite: an RGB stem, batch norm, max (ceil mode) and
+    average pools, a
     dense 3x3 conv, a strided pointwise shortcut and residual add, a depthwise conv, a
     squeeze-and-excitation block, a channel concatenation and shuffle, a global pool."""
 
@@ -45,7 +46,7 @@ class _Net(nn.Module):
         self.head = nn.Linear(32, 10)
 
     def forward(self, x):
-        x = nn.functional.max_pool2d(torch.relu(self.bn(self.stem(x))), 3, 1, 1)
+        x = nn.functional.max_pool2d(torch.relu(self.bn(self.stem(x))), 3, 2, 1, ceil_mode=True)
         x = torch.relu(self.dense(x) + self.shortcut(x))
         d = nn.functional.silu(self.depthwise(x))
         scale = torch.sigmoid(self.excite(torch.relu(self.squeeze(d.mean((2, 3), keepdim=True)))))
