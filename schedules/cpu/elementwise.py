@@ -39,7 +39,7 @@ class CPUElementwise(CPURule):
     a vectorised inner loop of one SIMD register. With a symbolic extent (a dynamic batch),
     only the innermost loop is vectorised (:func:`.common.schedule_injective`); functions with a
     reduction are left to the other rules. The im2col gathers of ``Conv2dToGemm`` get their
-    own schedule (:func:`.bf16_conv.schedule_im2col`).
+    own schedule (:func:`.bf16_conv.schedule_im2col`), over a symbolic batch too.
     """
 
     def apply(  # pylint: disable=missing-function-docstring
@@ -52,7 +52,7 @@ class CPUElementwise(CPURule):
         if not blocks or not all(_is_spatial(sch, b) for b in blocks):
             return None
         static = all_static(sch)
-        channels = im2col_channels(func) if static else None
+        channels = im2col_channels(func)  # also over a symbolic batch's rows
         if channels is not None and len(blocks) == 1:
             schedule_im2col(sch, blocks[0], channels, target)
             return sch

@@ -10,6 +10,7 @@ tiles, and every op of the rows rewrite takes them.
 from __future__ import annotations
 
 import io
+import re
 
 import numpy as np
 import pytest
@@ -37,8 +38,9 @@ class _Net(nn.Module):
         super().__init__()
         self.stem = nn.Conv2d(3, 16, 3, stride=2, padding=1)
         self.bn = nn.BatchNorm2d(16)
-        self.dense = nn.Conv2d(16, 32, 3, stride=2, padding=1)
-        self.shortcut = nn.Conv2d(16, 32, 1, stride=2)
+        self.dense = nn.Conv2d(16, 48, 3, stride=2, padding=1)
+        self.shortcut = nn.Conv2d(16, 48, 1, stride=2)
+        self.mix = nn.Conv2d(48, 32, 3, padding=1)
         self.depthwise = nn.Conv2d(32, 32, 3, padding=1, groups=32)
         self.squeeze = nn.Conv2d(32, 8, 1)
         self.excite = nn.Conv2d(8, 32, 1)
@@ -47,7 +49,7 @@ class _Net(nn.Module):
 
     def forward(self, x):
         x = nn.functional.max_pool2d(torch.relu(self.bn(self.stem(x))), 3, 2, 1, ceil_mode=True)
-        x = torch.relu(self.dense(x) + self.shortcut(x))
+        x = torch.relu(self.mix(torch.relu(self.dense(x) + self.shortcut(x))))
         d = nn.functional.silu(self.depthwise(x))
         scale = torch.sigmoid(self.excite(torch.relu(self.squeeze(d.mean((2, 3), keepdim=True)))))
         y = torch.cat([d * scale, x], 1)
@@ -97,8 +99,8 @@ def exported():
 
 
 def test_every_conv_runs_on_rows(exported):
-    """No conv2d is left to the direct conv, and the depthwise conv and pools are the
-    vectorised window kernels of the rows."""
+    """No conv2d is left to the direct conv, the depthwise conv and pools are the
+    vectorised window kernels of the rows, and an im2col gather copies whole taps."""
     _, model = exported
     mod, params = tvmamp.from_onnx(model)
     kernels = _kernels(mod, params)
@@ -108,6 +110,10 @@ def test_every_conv_runs_on_rows(exported):
     assert len(windows) >= 3, list(kernels)
     for name in windows:
         assert "T.vectorized" in kernels[name].script(), name
+    # the 48-channel conv's gather copies each tap's channels in whole vectors (as one loop
+    # of 9 x 48 columns in vectors of 27, every vector recomputed its tap and padding test)
+    widths = re.findall(r"T\.vectorized\(T\.int64\((\d+)\)\)", kernels["im2col"].script())
+    assert widths and all(48 % int(w) == 0 for w in widths), widths
 
 
 def test_symbolic_batch_matches_torch_and_the_static_build(exported):
