@@ -12,11 +12,10 @@ kernel have height 1, so each static-shape ``NCW``/``OIW`` ``conv1d`` (and ``IOW
 
 and from there takes every conv2d path (the direct conv, im2col + bf16 GEMM, grouped and
 depthwise kernels, the sub-pixel transposed conv). The reshapes are free views of contiguous
-tensors. A ``conv1d`` over a symbolic batch (a model exported with a dynamic batch axis)
-is rewritten too: the conv2d paths take a symbolic batch, where TVM's loops ran a conv1d stack
+tensors. Convs over a symbolic batch (a model exported with a dynamic batch axis) are
+rewritten too: the conv2d paths take a symbolic batch, where TVM's loops ran a conv1d stack
 150 times slower than its static build. Other dynamic shapes (a symbolic length goes to
-:mod:`.conv_as_gemm`), a transposed conv over a symbolic batch and other layouts are left to
-TVM's legalization.
+:mod:`.conv_as_gemm`) and other layouts are left to TVM's legalization.
 """
 
 from __future__ import annotations
@@ -36,8 +35,8 @@ _LAYOUTS = {_CONV1D: ("NCW", "OIW", "NCW"), _CONV1D_T: ("NCW", "IOW", "NCW")}
 
 @tvm.transform.module_pass(opt_level=0, name="tvmamp.Conv1dAsConv2d")
 class Conv1dAsConv2d:
-    """Rewrite each NCW conv1d (static, or over a symbolic batch) and static-shape
-    conv1d_transpose as a height-1 conv2d."""
+    """Rewrite each NCW conv1d / conv1d_transpose (static, or over a symbolic batch) as a
+    height-1 conv2d."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         """Rewrite the 1-D convolutions of every Relax function of ``mod``."""
@@ -77,6 +76,10 @@ class _Rewriter(PyExprMutator):
 def _rewritable(call: relax.Call) -> bool:
     attrs = call.attrs
     layouts = (attrs.data_layout, attrs.kernel_layout, attrs.out_layout)
-    shape = static_shape if call.op == _CONV1D_T else static_shape_but_batch
-    shapes = (shape(call.args[0].ty), static_shape(call.args[1].ty), shape(call.ty))
+    data, weight = call.args
+    shapes = (
+        static_shape_but_batch(data.ty),
+        static_shape(weight.ty),
+        static_shape_but_batch(call.ty),
+    )
     return layouts == _LAYOUTS[call.op] and None not in shapes and len(attrs.padding) == 2

@@ -15,10 +15,11 @@ the stride, e.g. U-Net's 2x2 stride 2) the sub-kernels are concatenated into one
 ``s_h * s_w * F`` filters, followed by a depth-to-space reshape and transpose. The
 sub-kernels are slices of the weight, folded at compile time when it is a constant.
 
-Only static-shape NCHW/IOHW ``groups=1``, ``dilation=1`` transposed convs with a stride above
-1 are rewritten; others are left to TVM's legalization, and so are those a later pass claims
-(``leave``: with avx512_bf16, :mod:`.conv2d_to_gemm` runs bf16 ones whose taps overlap little
-as a GEMM and a col2im gather on NHWC rows).
+Only NCHW/IOHW ``groups=1``, ``dilation=1`` transposed convs with a stride above 1, whose
+shapes are static but for perhaps a symbolic batch, are rewritten; others are left to TVM's
+legalization, and so are those a later pass claims (``leave``: with avx512_bf16,
+:mod:`.conv2d_to_gemm` runs bf16 ones whose taps overlap little as a GEMM and a col2im gather
+on NHWC rows).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import tvm
 from tvm import relax
 from tvm.relax import PyExprMutator
 
-from tvmamp.tensors import static_shape
+from tvmamp.tensors import static_shape, static_shape_but_batch
 
 from .bindings import rewrite_functions
 
@@ -64,8 +65,13 @@ def _rewritable(call: relax.Call) -> bool:
         return False
     if any(int(d) != 1 for d in attrs.dilation) or all(int(s) == 1 for s in attrs.strides):
         return False
-    shapes = (static_shape(call.args[0].ty), static_shape(call.args[1].ty), static_shape(call.ty))
-    return None not in shapes and min(shapes[2]) > 0
+    data, weight = call.args
+    shapes = (
+        static_shape_but_batch(data.ty),
+        static_shape(weight.ty),
+        static_shape_but_batch(call.ty),
+    )
+    return None not in shapes and min(shapes[2][1:]) > 0
 
 
 class _Residue:
@@ -102,9 +108,9 @@ class _Rewriter(PyExprMutator):
 
     def _sub_pixel(self, call: relax.Call) -> relax.Expr:
         data, weight = call.args
-        n, _, h, w = static_shape(data.ty)
+        n, _, h, w = static_shape_but_batch(data.ty)
         kernel = static_shape(weight.ty)
-        f, oh, ow = static_shape(call.ty)[1:]
+        f, oh, ow = static_shape_but_batch(call.ty)[1:]
         (sh, sw), pad = (int(s) for s in call.attrs.strides), [int(p) for p in call.attrs.padding]
         qh, qw = -(-oh // sh), -(-ow // sw)
         rows_y = [_Residue(r, sh, pad[0], kernel[2], h, qh) for r in range(sh)]
@@ -132,7 +138,7 @@ class _Rewriter(PyExprMutator):
         f = static_shape(oihw.ty)[0]
         stacked = bb.emit(relax.op.concat(kernels, axis=0))  # [(ry, rx, f), c, ky, kx]
         conv = self._conv(data, stacked, rows_y[0], rows_x[0], out_dtype)
-        n, _, qh, qw = static_shape(conv.ty)
+        n, _, qh, qw = static_shape_but_batch(conv.ty)
         out = bb.emit(relax.op.reshape(conv, (n, len(rows_y), len(rows_x), f, qh, qw)))
         return bb.emit(relax.op.permute_dims(out, (0, 3, 4, 1, 5, 2)))
 
@@ -148,7 +154,7 @@ class _Rewriter(PyExprMutator):
     def _residue_conv(self, data, oihw, ry: _Residue, rx: _Residue, out_dtype) -> relax.Var:
         """The conv2d of one (y, x) residue: ``[N, F, ceil(OH/s_h), ceil(OW/s_w)]``."""
         if ry.taps == 0 or rx.taps == 0:  # no kernel tap reaches these outputs
-            n, f = static_shape(data.ty)[0], static_shape(oihw.ty)[0]
+            n, f = static_shape_but_batch(data.ty)[0], static_shape(oihw.ty)[0]
             return self.builder_.emit(relax.op.zeros((n, f, ry.count, rx.count), out_dtype))
         kernel = self._sub_kernel(oihw, ry, rx)
         return self._conv(data, kernel, ry, rx, out_dtype)

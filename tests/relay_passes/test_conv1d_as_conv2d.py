@@ -149,3 +149,24 @@ def test_conv1d_over_a_symbolic_batch_matches_torch(case, level):
             ref = conv(data).numpy()
         out = np.asarray(exe(data.numpy()))
         assert_close(out, ref, **tolerance(dtype, np.abs(ref).max()), what=f"{case} {batch}")
+
+
+def test_conv1d_transpose_over_a_symbolic_batch_matches_torch():
+    torch.manual_seed(0)
+    conv = torch.nn.ConvTranspose1d(10, 6, 4, stride=2, padding=1, output_padding=1).eval()
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((tvm.tirx.Var("n", "int64"), 10, 37), "float32"))
+    weight, bias = (relax.const(t.detach().numpy()) for t in (conv.weight, conv.bias))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = relax.op.nn.conv1d_transpose(x, weight, 2, 1, output_padding=1)
+            y = bb.emit_output(relax.op.add(y, relax.op.reshape(bias, (1, 6, 1))))
+        bb.emit_func_output(y)
+    mod = bb.get()
+    assert "conv1d_transpose" not in Conv1dAsConv2d()(mod).script()
+    exe = tvmamp.build(mod, "O0", "llvm")
+    for batch in (1, 3):
+        data = torch.randn((batch, 10, 37))
+        with torch.no_grad():
+            ref = conv(data).numpy()
+        assert_close(np.asarray(exe(data.numpy())), ref, **tolerance("float32", 1.0))
