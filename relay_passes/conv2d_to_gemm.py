@@ -96,10 +96,10 @@ class Conv2dToGemm:
         (:mod:`.conv_transpose`).
     row_tile : int or None
         Convs over a symbolic batch (a model exported with a dynamic batch) are rewritten too
-        when this is set, all but grouped and transposed ones: their rows are padded to whole
-        tiles of ``row_tile`` rows (the bf16 GEMM's row tile), and each GEMM reads its columns
-        from an im2col kernel of its own (a GEMM kernel cannot copy a symbolic number of bf16
-        rows, docs/CPU_BF16.md). ``None`` (the default) leaves them to the direct conv.
+        when this is set, all but transposed ones: their rows are padded to whole tiles of
+        ``row_tile`` rows (the bf16 GEMM's row tile), and each GEMM reads its columns from an
+        im2col (or grouping) kernel of its own (a GEMM kernel cannot copy a symbolic number of
+        bf16 rows, docs/CPU_BF16.md). ``None`` (the default) leaves them to the direct conv.
     """
 
     def __init__(
@@ -166,7 +166,7 @@ class Conv2dToGemm:
         if groups > 1 and c == 1 and f == groups:  # depthwise, one output channel per group
             return on_rows
         if groups > 1:
-            return not symbolic and min(c, f // groups) >= self.min_group_channels
+            return min(c, f // groups) >= self.min_group_channels
         return c >= self.min_channels or kh * kw <= 9
 
 
@@ -292,7 +292,10 @@ class _Rewriter(PyExprMutator):
             return shaped if isinstance(shaped, relax.Var) else self.builder_.emit(shaped)
         source = self.visit_expr(data)
         if g.symbolic:
-            return self.builder_.emit(_padded_rows(self.builder_, source, g))
+            rows = self.builder_.emit(_padded_rows(self.builder_, source, g))
+            if tuple(dims) == (g.c,):
+                return rows
+            return self.builder_.emit(relax.op.reshape(rows, (rows.ty.shape[0], *dims)))
         pixels = g.h * g.w
         if g.n == 1 and tuple(dims) == (g.c,) and g.c % 16 == 0 and pixels % 16 == 0:
             # [C, H*W] is a free view of one NCHW image, and its transpose is the rows: a plain

@@ -22,6 +22,7 @@ from tvm import relax, te
 from .conv2d_im2col import (
     GATHER_ATTR,
     GEMM_PATTERN,
+    IM2COL_ATTR,
     OPAQUE_PATTERN,
     Geometry,
     gather_tap,
@@ -29,6 +30,9 @@ from .conv2d_im2col import (
     reshape,
 )
 
+# The block (and kernel) name of the groups' GEMM operands over a symbolic batch, which
+# tvmamp.schedules.cpu.bf16_conv.schedule_im2col schedules as an im2col gather per group.
+GROUP_COLUMNS = "group_columns"
 # Block annotation of a permutation of the channel axes of rows (a channel shuffle);
 # tvmamp.schedules.cpu.grouped_conv schedules it.
 PERMUTE_ATTR = "tvmamp.channel_permute"
@@ -53,7 +57,10 @@ def emit_grouped_gemm(
     ``rows`` is ``[n*H*W, G, Cg]`` for a pointwise conv (1x1, stride 1, no padding), else
     ``[n*H*W, C]``. Returns the ``[n*OH*OW, G, Fg]`` result, accumulated in ``out_dtype``.
     """
-    if g.pointwise:
+    if g.symbolic:  # A read in place: its groups gathered (or transposed) by a kernel of its own
+        rows = _emit_group_columns(bb, rows, g)
+        loader = lambda x: lambda s, p, k: x[s, p, k]  # noqa: E731
+    elif g.pointwise:
         loader = lambda x: lambda s, p, k: x[p, s, k]  # noqa: E731
     else:
 
@@ -84,6 +91,28 @@ def emit_grouped_gemm(
         weight,
         primfunc_name_hint="grouped_conv_gemm",
         primfunc_attrs={"op_pattern": GEMM_PATTERN},
+    )
+    return bb.emit(call)
+
+
+def _emit_group_columns(bb: relax.BlockBuilder, rows: relax.Expr, g: Geometry) -> relax.Var:
+    """The groups' GEMM operands ``[G, rows, KH*KW*Cg]`` as a kernel of their own, for rows
+    over a symbolic batch: inside the GEMM kernel a gathered or transposed copy of ``A`` would
+    be a bf16 buffer of a symbolic size, which TVM promotes to fp32 (docs/CPU_BF16.md)."""
+    depth = g.kh * g.kw * g.group_channels
+
+    def columns(x: te.Tensor) -> te.Tensor:
+        if g.pointwise:  # x is [rows, G, Cg]
+            value = lambda s, r, q: x[r, s, q]  # noqa: E731
+        else:
+            value = lambda s, r, q: gather_tap(x, g, r, q, s * g.group_channels)  # noqa: E731
+        return te.compute((g.groups, g.out_rows, depth), value, name=GROUP_COLUMNS)
+
+    call = bb.call_te(
+        columns,
+        rows,
+        primfunc_name_hint=GROUP_COLUMNS,
+        primfunc_attrs={"op_pattern": OPAQUE_PATTERN, IM2COL_ATTR: g.group_channels},
     )
     return bb.emit(call)
 

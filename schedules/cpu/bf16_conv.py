@@ -10,6 +10,7 @@ from tvm.s_tir.schedule import SBlockRV
 from tvm.target import Target
 
 from tvmamp.relay_passes.conv2d_im2col import GATHER_ATTR, IM2COL_ATTR
+from tvmamp.relay_passes.grouped_conv_gemm import GROUP_COLUMNS
 
 from .bf16_common import root_blocks
 from .common import largest_divisor, nominal, use_parallel, vector_lanes
@@ -48,7 +49,8 @@ def im2col_channels(func: tirx.PrimFunc) -> int | None:
 
 
 def schedule_im2col(sch: s_tir.Schedule, block: SBlockRV, channels: int, target: Target) -> None:
-    """Split the column loop of ``col[rows, taps * channels]`` into taps and channels.
+    """Split the column loop of ``col[rows, taps * channels]`` (or a grouped conv's
+    ``col[G, rows, taps * channels]`` over a symbolic batch) into taps and channels.
 
     The channels are innermost and contiguous in both the NHWC rows read and the columns
     written, so each (row, tap) copies ``channels`` values with vector loads and stores; the
@@ -56,14 +58,15 @@ def schedule_im2col(sch: s_tir.Schedule, block: SBlockRV, channels: int, target:
     parallel when the target has several cores and the copy is large enough.
     """
     loops = sch.get_loops(block)
-    if len(loops) == 3:  # ``col[rows, KH, run]`` (emit_run_im2col): one vector copy per run
+    grouped = sch.get(block).name_hint == GROUP_COLUMNS  # ``col[G, rows, taps * channels]``
+    if len(loops) == 3 and not grouped:  # ``col[rows, KH, run]`` (emit_run_im2col)
         sch.vectorize(loops[-1])
         if use_parallel(
             target, math.prod(nominal(iv.dom.extent) for iv in sch.get(block).iter_vars)
         ):
             sch.parallel(loops[0])
         return
-    row, col = loops
+    *outer, row, col = loops
     tap, channel = sch.split(col, [None, channels])
     lanes = vector_lanes(target, str(sch.get(block).writes[0].source.dtype))
     width = channels if channels <= lanes else largest_divisor(channels, lanes)
@@ -74,4 +77,4 @@ def schedule_im2col(sch: s_tir.Schedule, block: SBlockRV, channels: int, target:
     sch.vectorize(vec)
     work = math.prod(nominal(iv.dom.extent) for iv in sch.get(block).iter_vars)
     if use_parallel(target, work):
-        sch.parallel(row)
+        sch.parallel(sch.fuse(*outer, row) if outer else row)

@@ -32,7 +32,8 @@ class _Net(nn.Module):
     """Every op family of the rows rewrite: an RGB stem, batch norm, max (ceil mode) and
     average pools, a
     dense 3x3 conv, a strided pointwise shortcut and residual add, a depthwise conv, a
-    squeeze-and-excitation block, a channel concatenation and shuffle, a global pool."""
+    squeeze-and-excitation block, a channel concatenation and shuffle, grouped convs
+    (pointwise and 3x3), a global pool."""
 
     def __init__(self):
         super().__init__()
@@ -44,7 +45,8 @@ class _Net(nn.Module):
         self.depthwise = nn.Conv2d(32, 32, 3, padding=1, groups=32)
         self.squeeze = nn.Conv2d(32, 8, 1)
         self.excite = nn.Conv2d(8, 32, 1)
-        self.point = nn.Conv2d(64, 32, 1)
+        self.point = nn.Conv2d(64, 32, 1, groups=2)
+        self.group = nn.Conv2d(32, 32, 3, padding=1, groups=2)
         self.head = nn.Linear(32, 10)
 
     def forward(self, x):
@@ -55,7 +57,7 @@ class _Net(nn.Module):
         y = torch.cat([d * scale, x], 1)
         n, c, h, w = y.shape
         y = y.reshape(n, 2, c // 2, h, w).transpose(1, 2).reshape(n, c, h, w)
-        y = nn.functional.avg_pool2d(torch.relu(self.point(y)), 2)
+        y = nn.functional.avg_pool2d(torch.relu(self.group(torch.relu(self.point(y)))), 2)
         return self.head(y.mean((2, 3)))
 
 
@@ -114,6 +116,10 @@ def test_every_conv_runs_on_rows(exported):
     # of 9 x 48 columns in vectors of 27, every vector recomputed its tap and padding test)
     widths = re.findall(r"T\.vectorized\(T\.int64\((\d+)\)\)", kernels["im2col"].script())
     assert widths and all(48 % int(w) == 0 for w in widths), widths
+    # so do the grouped convs' gathers (16 and 32 channels a group)
+    groups = [f.script() for name, f in kernels.items() if name.startswith("group_columns")]
+    widths = [w for text in groups for w in re.findall(r"vectorized\(T\.int64\((\d+)\)", text)]
+    assert len(groups) == 2 and widths and all(32 % int(w) == 0 for w in widths), widths
 
 
 def test_symbolic_batch_matches_torch_and_the_static_build(exported):
