@@ -31,6 +31,15 @@ UNARY_OPS = tuple(
         "sigmoid",
         "tanh",
         "clip",
+        "erf",  # an exported GELU, x * (erf(x / sqrt(2)) + 1) / 2
+        "exp",
+        "log",
+        "sqrt",
+        "rsqrt",
+        "abs",
+        "negative",
+        "square",
+        "nn.softplus",
     )
 )
 # Broadcasting binary ops: rewritten when one side is rows and the other per-channel or rows.

@@ -33,7 +33,7 @@ class _Net(nn.Module):
     average pools, a
     dense 3x3 conv, a strided pointwise shortcut and residual add, a depthwise conv, a
     squeeze-and-excitation block, a channel concatenation and shuffle, grouped convs
-    (pointwise and 3x3), a global pool."""
+    (pointwise and 3x3), an exported GELU, a global pool."""
 
     def __init__(self):
         super().__init__()
@@ -57,7 +57,8 @@ class _Net(nn.Module):
         y = torch.cat([d * scale, x], 1)
         n, c, h, w = y.shape
         y = y.reshape(n, 2, c // 2, h, w).transpose(1, 2).reshape(n, c, h, w)
-        y = nn.functional.avg_pool2d(torch.relu(self.group(torch.relu(self.point(y)))), 2)
+        y = nn.functional.gelu(self.point(y))  # exported as x * (erf(x / sqrt(2)) + 1) / 2
+        y = nn.functional.avg_pool2d(torch.relu(self.group(y)), 2)
         return self.head(y.mean((2, 3)))
 
 
@@ -107,6 +108,9 @@ def test_every_conv_runs_on_rows(exported):
     mod, params = tvmamp.from_onnx(model)
     kernels = _kernels(mod, params)
     assert not [name for name in kernels if "conv2d" in name], list(kernels)
+    # transposes to rows: the input's and the squeeze conv's (of the pooled [n, c, 1, 1]),
+    # none between the convs (the GELU's erf runs on rows)
+    assert len([name for name in kernels if "nchw_rows" in name]) == 2, list(kernels)
     assert sum("matmul" in name for name in kernels) >= 5, list(kernels)
     windows = [name for name in kernels if "depthwise_rows" in name or "pool_rows" in name]
     assert len(windows) >= 3, list(kernels)
