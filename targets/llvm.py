@@ -177,6 +177,8 @@ def partition_passes(target: tvm.target.Target, _policy) -> list:
     - a range check on the run-time indices of every unchecked ``take`` (an embedding's
       token ids), which raises ``IndexError`` where TVM would read past the table
       (``relay_passes/take_bounds.py``);
+    - a zero pad of a convolution's spatial axes folded into the convolution's padding
+      (``relay_passes/pad_into_conv.py``);
     - 1-D convolutions as 2-D ones of height 1, 3-D ones as 2-D ones over depth windows; a
       convolution over a symbolic length, height or width as an im2col gather and a GEMM
       (``relay_passes/conv_as_gemm.py``);
@@ -210,6 +212,7 @@ def partition_passes(target: tvm.target.Target, _policy) -> list:
     from tvmamp.relay_passes.depthwise_planes import DepthwisePlanes
     from tvmamp.relay_passes.fast_math import FastMath
     from tvmamp.relay_passes.group_norm_as_instance_norm import GroupNormAsInstanceNorm
+    from tvmamp.relay_passes.pad_into_conv import FoldPadIntoConv
     from tvmamp.relay_passes.row_layout import SinkRowLayoutBelowMatmul
     from tvmamp.relay_passes.slices_to_split import SlicesToSplit
     from tvmamp.relay_passes.split_to_slices import SplitToSlices
@@ -222,6 +225,7 @@ def partition_passes(target: tvm.target.Target, _policy) -> list:
 
     first = [
         GuardTakeIndices(),
+        FoldPadIntoConv(),
         Conv1dAsConv2d(),
         ConvAsGemm(CPUMatmulBF16.Config().tile_i),
         Conv3dAsConv2d(),

@@ -12,7 +12,11 @@ converter (returns ``None``) whenever its preconditions do not hold:
 * ``Gather`` of a shape: a shape held in a variable, or a constant index picking static dims
   (DeBERTa v1's ``chunk``);
 * ``Expand`` of a tensor with symbolic dims to a constant shape (WavLM);
-* ``Pad`` in constant mode with pads computed at run time (SEW-D).
+* ``Conv`` with ``auto_pad`` "SAME" over static spatial sizes, given explicit pads (TVM pads
+  its input with a kernel of its own);
+* ``Pad`` in constant mode with pads computed at run time (SEW-D), and with constant pads as
+  ``relax.nn.pad`` rather than TVM's TE call, so that a pad before a convolution (an export of
+  ``padding="same"``) can be folded into it (:mod:`tvmamp.relay_passes.pad_into_conv`).
 
 Like TVM's importer where it uses ``assume_inbound``, the overrides assume what the export's
 trace implies: slice bounds within their axis, non-negative run-time pads.
@@ -280,7 +284,8 @@ def _expand(bb, inputs, attr, params, fallback):
 
 
 def _pad(bb, inputs, attr, params, fallback):
-    """``Pad`` in constant mode with pads known only at run time.
+    """``Pad`` in constant mode: constant pads as ``relax.nn.pad`` (:func:`_constant_pad`),
+    and pads known only at run time.
 
     ``F.pad`` with amounts computed from shapes exports them as a tensor computation, and TVM
     takes constant pads only ("Dynamic pads are not supported yet", SEW-D). Here the pads are
@@ -298,10 +303,12 @@ def _pad(bb, inputs, attr, params, fallback):
         return None
     if value is not None and not isinstance(value, tvm.ir.GenericConst):
         return None
-    # Constant pads are TVM's; a shape as pads never gets here (TVM refuses shape inputs to
-    # Pad before converting); a tensor of pads must be 1-D, of 2 * rank elements.
+    if isinstance(pads, tvm.ir.GenericConst):
+        return _constant_pad(bb, data, pads, value, rank)
+    # A shape as pads never gets here (TVM refuses shape inputs to Pad before converting); a
+    # tensor of pads must be 1-D, of 2 * rank elements.
     pads_ty = getattr(pads, "ty", None)
-    if not isinstance(pads_ty, relax.TensorType) or isinstance(pads, tvm.ir.GenericConst):
+    if not isinstance(pads_ty, relax.TensorType):
         return None
     length = (_dims(pads) or [None])[0]
     if pads_ty.ndim != 1 or (_static(length) and int(length) != 2 * rank):
@@ -312,10 +319,50 @@ def _pad(bb, inputs, attr, params, fallback):
     return bb.emit_te(topi.nn.pad, data, amounts[:rank], amounts[rank:], value)
 
 
+def _constant_pad(bb, data, pads, value, rank):
+    """Constant non-negative pads as ``relax.nn.pad`` (TVM emits a TE ``call_tir``), which
+    :mod:`tvmamp.relay_passes.pad_into_conv` can fold into the convolution that reads it (a
+    ``padding="same"`` export); else None, for TVM's converter."""
+    widths = [int(w) for w in pads.value.numpy().ravel()]
+    if len(widths) != 2 * rank or min(widths) < 0:
+        return None
+    fill = 0.0 if value is None else float(value.value.numpy().item())
+    interleaved = [w for axis in range(rank) for w in (widths[axis], widths[rank + axis])]
+    return bb.normalize(relax.op.nn.pad(data, interleaved, "constant", fill))
+
+
+def _conv(bb, inputs, attr, params, fallback):
+    """``Conv`` with ``auto_pad`` SAME_UPPER or SAME_LOWER over static spatial sizes, with its
+    pads computed here: TVM pads such an input with a kernel of its own (timm's ConvMixer
+    exports ``padding="same"`` so), which the conv-to-GEMM rewrite cannot follow."""
+    mode = attr.get("auto_pad", b"NOTSET")
+    mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+    dims, kernel = _dims(inputs[0]), _dims(inputs[1])
+    if mode not in ("SAME_UPPER", "SAME_LOWER") or dims is None or kernel is None:
+        return None
+    spatial = dims[2:]
+    sizes = list(attr.get("kernel_shape", kernel[2:]))
+    if not all(_static(d) for d in (*spatial, *sizes)):
+        return None
+    strides = list(attr.get("strides", [1] * len(spatial)))
+    dilations = list(attr.get("dilations", [1] * len(spatial)))
+    before, after = [], []
+    for size, k, stride, dilation in zip(spatial, sizes, strides, dilations, strict=True):
+        size, k = int(size), int(k)
+        out = -(-size // int(stride))
+        total = max(0, (out - 1) * int(stride) + (k - 1) * int(dilation) + 1 - size)
+        first = total // 2 if mode == "SAME_UPPER" else total - total // 2
+        before.append(first)
+        after.append(total - first)
+    explicit = {**attr, "auto_pad": b"NOTSET", "pads": before + after}
+    return fallback(bb, inputs, explicit, params)
+
+
 OVERRIDES = {
     "Range": _range,
     "Slice": _slice,
     "Gather": _gather,
     "Expand": _expand,
     "Pad": _pad,
+    "Conv": _conv,
 }
