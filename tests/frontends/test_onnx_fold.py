@@ -294,3 +294,44 @@ def test_symbolic_batch_reshape_from_shape_runs_two_batch_sizes(rng):
         with torch.no_grad():
             want = module(torch.from_numpy(x)).numpy()
         np.testing.assert_allclose(exe(x), want, rtol=1e-5, atol=1e-5)
+
+
+class _SamePadConvs(torch.nn.Module):
+    """Five strided convs padded "same" at run time, as timm's TensorFlow ports do
+    (``pad_same``): each pad is computed from the size its input came out of the last one."""
+
+    def __init__(self):
+        super().__init__()
+        self.convs = torch.nn.ModuleList(torch.nn.Conv2d(4, 4, 3, stride=2) for _ in range(5))
+
+    def forward(self, x):
+        for conv in self.convs:
+            height, width = x.shape[-2:]
+            pads = []
+            for size in (width, height):  # traced, the sizes are tensors
+                if isinstance(size, torch.Tensor):
+                    total = torch.clamp(((size / 2).ceil() - 1) * 2 + 3 - size, min=0).long()
+                else:
+                    total = max((-(-size // 2) - 1) * 2 + 3 - size, 0)
+                pads += [total // 2, total - total // 2]
+            x = conv(torch.nn.functional.pad(x, pads))
+        return x
+
+
+@pytest.mark.parametrize("dynamic_batch", [False, True], ids=["static", "dynamic batch"])
+def test_a_chain_of_run_time_same_pads_folds(rng, dynamic_batch):
+    """The chain resolves one pad per round of shape inference: with three rounds, the last
+    pads stayed computed and the import failed (timm's tf_efficientnet_b0 too)."""
+    torch.manual_seed(0)
+    module = _SamePadConvs()
+    model = _export(module, torch.randn(2, 4, 67, 61), dynamic_batch=dynamic_batch)
+    assert _ops(model).count("Pad") == 5
+    folded = fold_shape_constants(model, {} if dynamic_batch else {"x": (2, 4, 67, 61)})
+    assert "Shape" not in _ops(folded)
+    mod, params = from_onnx(model)
+    exe = tvmamp.build(mod, "O0", TARGET, params=params)
+    for batch in (1, 3) if dynamic_batch else (2,):
+        x = rng.standard_normal((batch, 4, 67, 61)).astype("float32")
+        with torch.no_grad():
+            want = module(torch.from_numpy(x)).numpy()
+        np.testing.assert_allclose(exe(x), want, rtol=1e-5, atol=1e-5)
