@@ -172,3 +172,17 @@ def test_static_batch_is_rewritten_as_before():
     """A row tile changes nothing for a static batch."""
     mod = _conv_module(2)
     tvm.ir.assert_structural_equal(Conv2dToGemm(row_tile=8)(mod), Conv2dToGemm()(mod))
+
+
+def test_intel_keeps_the_direct_conv_and_builds(exported):
+    """Built, not run (any host): on Sapphire Rapids a GEMM over symbolic rows would run on
+    half-rate vdpbf16ps rather than AMX, so the convs stay direct convs on fp32 FMAs."""
+    _, model = exported
+    mod, params = tvmamp.from_onnx(model)
+    target = tvm.target.Target({"kind": "llvm", "mcpu": "sapphirerapids", "num-cores": 2})
+    converted = tvmamp.convert(mod, "O2", target, params=params)
+    front = run_front_phases(converted)
+    names = [gvar.name_hint for gvar in front.get_global_vars()]
+    assert any("conv2d" in name for name in names), names
+    assert not any("im2col" in name or "group_columns" in name for name in names), names
+    tvmamp.build(mod, "O2", target, "bfloat16", params=params)
