@@ -41,3 +41,20 @@ def depthwise_model(case):
             out = bb.emit_output(relax.op.nn.relu(relax.op.add(y, bias)))
         bb.emit_func_output(out)
     return model, bb.get()
+
+
+def scheduled_kernels(mod, level: str, target, params=None) -> dict:
+    """The PrimFuncs of ``mod`` built at ``level`` for ``target``, after the default CPU
+    schedules (name -> scheduled PrimFunc)."""
+    import tvmamp
+    from tvmamp.pipeline import run_front_phases, schedule_passes
+
+    converted = tvmamp.convert(mod, level, target, params=params)
+    front = run_front_phases(converted)
+    with target:
+        scheduled = tvm.transform.Sequential(schedule_passes(target, converted.entry))(front)
+    return {
+        gvar.name_hint: func
+        for gvar, func in scheduled.functions_items()
+        if isinstance(func, tvm.tirx.PrimFunc)
+    }

@@ -16,11 +16,12 @@ import numpy as np
 import pytest
 import torch
 import tvm
+from relax_modules import scheduled_kernels
 from torch import nn
 from tvm import relax
 
 import tvmamp
-from tvmamp.pipeline import run_front_phases, schedule_passes
+from tvmamp.pipeline import run_front_phases
 from tvmamp.relay_passes.conv2d_to_gemm import Conv2dToGemm
 
 onnx = pytest.importorskip("onnx")
@@ -84,18 +85,6 @@ def _export(size=(19, 17)):
     return net, onnx.load_from_string(buffer.getvalue())
 
 
-def _kernels(mod, params) -> dict:
-    converted = tvmamp.convert(mod, "O2", TARGET, params=params)
-    front = run_front_phases(converted)
-    with TARGET:
-        scheduled = tvm.transform.Sequential(schedule_passes(TARGET, converted.entry))(front)
-    return {
-        gvar.name_hint: func
-        for gvar, func in scheduled.functions_items()
-        if isinstance(func, tvm.tirx.PrimFunc)
-    }
-
-
 @pytest.fixture(scope="module")
 def exported():
     return _export()
@@ -106,7 +95,7 @@ def test_every_conv_runs_on_rows(exported):
     vectorised window kernels of the rows, and an im2col gather copies whole taps."""
     _, model = exported
     mod, params = tvmamp.from_onnx(model)
-    kernels = _kernels(mod, params)
+    kernels = scheduled_kernels(mod, "O2", TARGET, params)
     assert not [name for name in kernels if "conv2d" in name], list(kernels)
     # transposes to rows: the input's and the squeeze conv's (of the pooled [n, c, 1, 1]),
     # none between the convs (the GELU's erf runs on rows)

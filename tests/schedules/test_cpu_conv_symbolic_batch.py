@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import torch
 import tvm
+from relax_modules import scheduled_kernels
 from tolerances import assert_close, tolerance
 from tvm import relax
 
 import tvmamp
-from tvmamp.pipeline import run_front_phases, schedule_passes
 
 TARGET = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
 # (channels, height, width, filters, kernel, stride, padding, groups)
@@ -45,18 +45,6 @@ def _conv_module(case):
     return bb.get(), weight, bias
 
 
-def _scheduled_kernels(mod, level):
-    converted = tvmamp.convert(mod, level, TARGET)
-    front = run_front_phases(converted)
-    with TARGET:
-        scheduled = tvm.transform.Sequential(schedule_passes(TARGET, converted.entry))(front)
-    return {
-        gvar.name_hint: func
-        for gvar, func in scheduled.functions_items()
-        if isinstance(func, tvm.tirx.PrimFunc)
-    }
-
-
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("level", ["O0", "O2"])
 def test_conv_over_a_symbolic_batch(case, level):
@@ -64,7 +52,7 @@ def test_conv_over_a_symbolic_batch(case, level):
     tile, vectorised), and the result matches torch in float64 at batches 1 and 3. Dense bf16
     convs (O2) go to GEMMs on rows instead (tests/relay_passes/test_conv_rows_symbolic_batch)."""
     mod, weight, bias = _conv_module(case)
-    kernels = _scheduled_kernels(mod, level)
+    kernels = scheduled_kernels(mod, level, TARGET)
     convs = {name: f for name, f in kernels.items() if "conv2d" in name}
     if level == "O2" and CASES[case][-1] == 1:
         assert not convs and any("matmul" in name for name in kernels), list(kernels)
