@@ -12,7 +12,9 @@
 - ONNX exports with dynamic axes, as ``torch.onnx.export(dynamic_axes=...)`` and Hugging Face
   exports make them: tiny ``transformers`` models (2 layers, width 256, random weights) with a
   symbolic batch and sequence (or number of audio samples), ViT and a small CNN with a
-  symbolic batch, and the CNN with a symbolic batch, height and width. Each is imported
+  symbolic batch, and the CNN with a symbolic batch, height and width; torchvision and timm
+  image classifiers (:data:`VISION`, when those packages are installed; random weights, 128
+  px) with a symbolic batch. Each is imported
   with its symbolic axes and with a static ``shape_dict``, built at O2 bf16, and timed beside
   onnxruntime fp32 (one intra-op thread). Errors are against onnxruntime at two sizes for
   the symbolic build.
@@ -20,7 +22,8 @@
 All variants of a row are timed in one process with ``paired_medians``.
 
 Run: TVM_NUM_THREADS=1 python bench/bench_dynamic.py [--threads 1] [--repeat 9]
-     [--sections rows moe onnx]
+     [--sections rows moe onnx] [--models MODEL ...]
+     (the image classifiers: --sections onnx --models tv_resnet18 ... poolformer_s12)
 """
 
 from __future__ import annotations
@@ -173,6 +176,23 @@ EXPORTS = {
     "CNN": (None, None, None, "cnn"),
     "CNN, dynamic size": (None, None, None, "cnn_hw"),
 }
+# Image classifiers with a dynamic batch (random weights, 128 px): torchvision ("tv_" names)
+# and timm, which the bench imports only when these are asked for (neither is a dependency of
+# tvmamp; install them without their dependencies, beside the torch you have).
+VISION = [
+    "tv_resnet18",
+    "tv_mobilenet_v3_small",
+    "tv_efficientnet_b0",
+    "tv_regnet_y_400mf",
+    "tv_shufflenet_v2_x0_5",
+    "tv_squeezenet1_1",
+    "tv_mnasnet0_5",
+    "tv_googlenet",
+    "tf_efficientnet_b0",
+    "convmixer_768_32",
+    "poolformer_s12",
+]
+EXPORTS.update({name: (None, None, None, "vision") for name in VISION})
 # input kind -> (input name, dynamic axes, the timed shape, a second shape checked)
 _INPUTS = {
     "text": ("input_ids", {0: "batch", 1: "seq"}, (2, 128), (3, 77)),
@@ -180,6 +200,7 @@ _INPUTS = {
     "image": ("pixel_values", {0: "batch"}, (2, 3, 64, 64), (3, 3, 64, 64)),
     "cnn": ("x", {0: "batch"}, (2, 3, 112, 112), (3, 3, 112, 112)),
     "cnn_hw": ("x", {0: "batch", 2: "height", 3: "width"}, (2, 3, 112, 112), (1, 3, 64, 96)),
+    "vision": ("x", {0: "batch"}, (2, 3, 128, 128), (3, 3, 128, 128)),
 }
 
 
@@ -202,12 +223,34 @@ def _cnn() -> torch.nn.Module:
     return model
 
 
+def _vision(name: str) -> torch.nn.Module:
+    """Model ``name`` of :data:`VISION`, random weights, its batch-norm statistics randomised
+    (so that the norms are not identities)."""
+    torch.manual_seed(0)
+    if name.startswith("tv_"):
+        import torchvision.models
+
+        options = {"aux_logits": False, "init_weights": True} if name == "tv_googlenet" else {}
+        model = getattr(torchvision.models, name[3:])(**options)
+    else:
+        import timm
+
+        model = timm.create_model(name, pretrained=False)
+    for module in model.modules():
+        if isinstance(module, torch.nn.BatchNorm2d):
+            module.running_mean.uniform_(-0.2, 0.2)
+            module.running_var.uniform_(0.5, 1.5)
+    return model.eval()
+
+
 def _export(name: str, path: str) -> str:
     """Export model ``name`` of :data:`EXPORTS` to ``path`` with its dynamic axes; return its
     input kind."""
     config_name, model_name, arguments, kind = EXPORTS[name]
     if kind in ("cnn", "cnn_hw"):
         model = _cnn()
+    elif kind == "vision":
+        model = _vision(name)
     else:
         import transformers
 
@@ -293,9 +336,10 @@ def main() -> None:
         "--models",
         nargs="+",
         choices=list(EXPORTS),
-        default=list(EXPORTS),
+        default=[name for name in EXPORTS if name not in VISION],
         metavar="MODEL",
-        help=f"the ONNX exports to run (default all: {', '.join(EXPORTS)})",
+        help=f"the ONNX exports to run (default all but the torchvision/timm ones: "
+        f"{', '.join(EXPORTS)})",
     )
     args = parser.parse_args()
     if os.environ.get("TVM_NUM_THREADS") != str(args.threads):
