@@ -118,7 +118,7 @@ def schedule_concat(
     extent = static_extent(sch.get(loops[-1]).extent)
     cuts = _concat_offsets(stmt, stmt.iter_vars[-1].var, extent)
     if extent is None or not cuts:
-        return False
+        return _schedule_outer_concat(sch, block, lanes, parallel)
     bounds = [0, *cuts, extent]
     widths = [b - a for a, b in zip(bounds, bounds[1:])]
     parts = sch.loop_partition(loops[-1], [*widths[:-1], None])  # the last one is inferred
@@ -129,6 +129,54 @@ def schedule_concat(
         else:  # split needs a loop from 0: one wide vector, or LLVM's loop vectoriser
             vectorize_whole_or_leave(sch, part, lanes)
     _fuse_outer(sch, loops[:-1], parallel)
+    return True
+
+
+def _schedule_outer_concat(
+    sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes: int, parallel: bool
+) -> bool:
+    """A concatenation along an outer axis (NCHW channels: MixNet's mixed depthwise convs),
+    its loop over that axis partitioned at the offsets; in each part the loops inside it are
+    fused and vectorised as for any elementwise block.
+
+    Fused into one vectorised loop, each lane's channel (``//`` and ``%`` of the lane) picked
+    its input by selects of gathers, and an epilogue that reads its input many times (a fast
+    sigmoid) repeated them: a ``[2, 1200, 4, 4]`` concat with its batch norm and SiLU took
+    2.2 ms (0.6 GFLOP/s). Returns False, doing nothing, when no outer loop is cut so, or when
+    the loops inside the cut one have a symbolic extent.
+    """
+    stmt = sch.get(block)
+    loops = sch.get_loops(block)
+    for axis in range(len(loops) - 2, -1, -1):
+        extent = static_extent(sch.get(loops[axis]).extent)
+        cuts = _concat_offsets(stmt, stmt.iter_vars[axis].var, extent)
+        if cuts:
+            break
+    else:
+        return False
+    inner = len(loops) - axis - 1
+    if any(static_extent(sch.get(loop).extent) is None for loop in loops[axis + 1 :]):
+        return False
+    bounds = [0, *cuts, extent]
+    widths = [b - a for a, b in zip(bounds, bounds[1:])]
+
+    def partition(target: s_tir.Schedule) -> None:
+        parts = target.loop_partition(target.get_loops(block)[axis], [*widths[:-1], None])
+        for part in parts:
+            (copy,) = target.get_child_blocks(part)
+            inside = target.get_loops(copy)[-inner:]
+            fused = target.fuse(*inside) if len(inside) > 1 else inside[0]
+            vector = largest_divisor(static_extent(target.get(fused).extent), lanes)
+            if vector > 1:
+                target.vectorize(target.split(fused, [None, vector])[-1])
+
+    try:
+        partition(sch.copy())  # a failure must leave no trace in ``sch``
+    except (ScheduleError, ValueError):
+        return False
+    outer = loops[:axis]
+    partition(sch)
+    _fuse_outer(sch, outer, parallel)
     return True
 
 
