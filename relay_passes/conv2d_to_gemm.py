@@ -59,7 +59,8 @@ _CONV_T = tvm.ir.Op.get("relax.nn.conv2d_transpose")
 
 @tvm.transform.module_pass(opt_level=0, name="tvmamp.Conv2dToGemm")
 class Conv2dToGemm:
-    """Rewrite every static-shape NCHW/OIHW conv2d whose inputs are ``dtype`` onto NHWC rows.
+    """Rewrite every NCHW/OIHW conv2d whose inputs are ``dtype`` onto NHWC rows: those of
+    static shapes, and with ``row_tile`` those over a symbolic batch.
 
     Dense convs become im2col + GEMM; grouped convs whose groups have at least
     ``min_group_channels`` input and output channels become one batched GEMM over the groups
