@@ -399,6 +399,15 @@ def test_rows_to_nchw_transpose_takes_the_register_transpose():
     np.testing.assert_array_equal(y.numpy(), x.T.reshape(1, 64, 11, 11))
 
 
+def _elementwise_script(mod: tvm.IRModule, target) -> str:
+    """The one kernel of ``mod``, legalized and scheduled by the elementwise rule, as text."""
+    from tvmamp.schedules.cpu.elementwise import CPUElementwise
+
+    fused = tvm.transform.Sequential(legalize_passes())(mod)
+    (func,) = [f for _, f in fused.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    return CPUElementwise().apply(func, target, False).mod.script()
+
+
 @pytest.mark.parametrize("cores", [1, 2])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("widths", [(64, 32, 32, 32), (3, 17, 40), (256, 5)])
@@ -414,12 +423,8 @@ def test_concat_on_the_last_axis_is_cut_into_one_loop_per_input(widths, dtype, c
             out = bb.emit_output(relax.op.nn.relu(relax.op.multiply(y, scale)))
         bb.emit_func_output(out)
     mod = bb.get()
-    fused = tvm.transform.Sequential(legalize_passes())(mod)
-    (func,) = [f for _, f in fused.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
     target = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": cores})
-    from tvmamp.schedules.cpu.elementwise import CPUElementwise
-
-    script = CPUElementwise().apply(func, target, False).mod.script()
+    script = _elementwise_script(mod, target)
     assert script.count("_partition") == len(widths)
     low = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float32
     arrays = [rng.standard_normal((7, w)).astype(low) for w in widths]
@@ -444,12 +449,8 @@ def test_concat_of_channels_is_cut_into_one_loop_per_input(channels, size, cores
             out = bb.emit_output(relax.op.sigmoid(relax.op.concat(xs, axis=1)))
         bb.emit_func_output(out)
     mod = bb.get()
-    fused = tvm.transform.Sequential(legalize_passes())(mod)
-    (func,) = [f for _, f in fused.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
     target = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": cores})
-    from tvmamp.schedules.cpu.elementwise import CPUElementwise
-
-    script = CPUElementwise().apply(func, target, False).mod.script()
+    script = _elementwise_script(mod, target)
     assert script.count("_partition") == len(channels), script
     arrays = [rng.standard_normal(shape).astype("float32") for shape in shapes]
     exe = tvmamp.build(mod, "O0", target)
