@@ -40,6 +40,22 @@ def call_of(value: relax.Expr | None, op) -> relax.Call | None:
     return value if isinstance(value, relax.Call) and value.op == op else None
 
 
+_CONVS = {
+    "relax.nn.conv1d": relax.op.nn.conv1d,
+    "relax.nn.conv2d": relax.op.nn.conv2d,
+    "relax.nn.conv3d": relax.op.nn.conv3d,
+}
+
+
+def rebuilt_conv(call: relax.Call, data: relax.Expr, weight: relax.Expr, **changes) -> relax.Expr:
+    """The conv1d/conv2d/conv3d ``call`` on ``data`` and ``weight``, with its attributes but
+    those named in ``changes`` (``padding``, ``out_dtype``...)."""
+    attrs = call.attrs
+    fields = ("strides", "padding", "dilation", "groups", "data_layout", "kernel_layout")
+    options = {name: getattr(attrs, name) for name in (*fields, "out_layout", "out_dtype")}
+    return _CONVS[call.op.name](data, weight, **{**options, **changes})
+
+
 def scalar_constant(expr: relax.Expr) -> float | None:
     """The value of a float constant of one element, or None."""
     if not isinstance(expr, Constant) or str(expr.value.dtype) not in FLOAT_DTYPES:

@@ -20,13 +20,13 @@ import tvm
 from tvm import relax
 from tvm.relax import PyExprMutator
 
-from .bindings import rewrite_functions
+from .bindings import rebuilt_conv, rewrite_functions
 
 _PAD = tvm.ir.Op.get("relax.nn.pad")
-_CONVS = {
-    tvm.ir.Op.get("relax.nn.conv1d"): (relax.op.nn.conv1d, "NCW"),
-    tvm.ir.Op.get("relax.nn.conv2d"): (relax.op.nn.conv2d, "NCHW"),
-    tvm.ir.Op.get("relax.nn.conv3d"): (relax.op.nn.conv3d, "NCDHW"),
+_LAYOUTS = {
+    tvm.ir.Op.get("relax.nn.conv1d"): "NCW",
+    tvm.ir.Op.get("relax.nn.conv2d"): "NCHW",
+    tvm.ir.Op.get("relax.nn.conv3d"): "NCDHW",
 }
 
 
@@ -43,9 +43,9 @@ class FoldPadIntoConv:
 class _Rewriter(PyExprMutator):
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
-        if call.op not in _CONVS:
+        if call.op not in _LAYOUTS:
             return call
-        make, layout = _CONVS[call.op]
+        layout = _LAYOUTS[call.op]
         attrs = call.attrs
         data = call.args[0]
         pad = self.lookup_binding(data) if isinstance(data, relax.Var) else None
@@ -59,18 +59,7 @@ class _Rewriter(PyExprMutator):
         # conv padding: all the "before" widths, then all the "after" ones
         before = [p + w for p, w in zip(padding[:spatial], widths[0::2], strict=True)]
         after = [p + w for p, w in zip(padding[spatial:], widths[1::2], strict=True)]
-        return make(
-            pad.args[0],
-            call.args[1],
-            strides=attrs.strides,
-            padding=before + after,
-            dilation=attrs.dilation,
-            groups=attrs.groups,
-            data_layout=attrs.data_layout,
-            kernel_layout=attrs.kernel_layout,
-            out_layout=attrs.out_layout,
-            out_dtype=attrs.out_dtype,
-        )
+        return rebuilt_conv(call, pad.args[0], call.args[1], padding=before + after)
 
 
 def _spatial_widths(pad: relax.Expr | None, rank: int) -> list[int] | None:

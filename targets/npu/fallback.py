@@ -13,6 +13,7 @@ from tvm import relax
 from tvm.ir.expr import Constant
 
 from tvmamp.policy import Policy
+from tvmamp.relay_passes.bindings import rebuilt_conv
 from tvmamp.tensors import tensor_dtype
 
 from .descriptor import NpuDescriptor
@@ -89,17 +90,7 @@ def _fp32_call(call, args):
     if call.op.name == "relax.matmul":
         return relax.op.matmul(*args, out_dtype="float32")
     if call.op.name == "relax.nn.conv2d":
-        return relax.op.nn.conv2d(
-            *args,
-            strides=attrs.strides,
-            padding=attrs.padding,
-            dilation=attrs.dilation,
-            groups=attrs.groups,
-            data_layout=attrs.data_layout,
-            kernel_layout=attrs.kernel_layout,
-            out_layout=attrs.out_layout,
-            out_dtype="float32",
-        )
+        return rebuilt_conv(call, *args, out_dtype="float32")
     return relax.Call(call.op, args, attrs)
 
 
