@@ -96,9 +96,12 @@ class Geometry:
         the batch is symbolic."""
         return whole_tiles(self.pixels, self.row_tile) if self.symbolic else self.pixels
 
-    def real_row(self, r) -> tirx.PrimExpr:
-        """Output row ``r``, or the last real row for a padded one (past :attr:`pixels`)."""
-        return tirx.min(r, self.pixels - 1) if self.symbolic else r
+    def image_pixel(self, r) -> tuple[tirx.PrimExpr, tirx.PrimExpr]:
+        """``(image, pixel in the image)`` of output row ``r``; a padded row (past
+        :attr:`pixels`) is the last real one."""
+        real = tirx.min(r, self.pixels - 1) if self.symbolic else r
+        per_image = self.out_h * self.out_w
+        return real // per_image, real % per_image
 
     def input_rows(self, rows: relax.Expr) -> relax.Expr:
         """``rows`` of the input without the padded rows: ``[n*H*W, ...]``."""
@@ -154,8 +157,7 @@ def emit_run_im2col(bb: relax.BlockBuilder, rows: relax.Expr, g: Geometry) -> re
 
     def gather(x: te.Tensor) -> te.Tensor:
         def value(r, ky, j):
-            pixels = g.out_h * g.out_w
-            b, pix = g.real_row(r) // pixels, g.real_row(r) % pixels
+            b, pix = g.image_pixel(r)
             y, x0 = pix // g.out_w * g.stride[0] + ky, pix % g.out_w * g.stride[1]
             load = x[((b * hp + y) * wp + x0) * g.c + j]
             if run == g.kw * g.c:
@@ -242,8 +244,7 @@ def window_tap(rows: te.Tensor, g: Geometry, r, ky, kx, channel, outside) -> tir
     """``rows[pixel, channel]`` under tap ``(ky, kx)`` of output pixel ``r`` (in the dtype of
     ``outside``), ``outside`` in the padding; the load is clamped to the input, so that it is
     always in bounds."""
-    pixels = g.out_h * g.out_w
-    b, pix = g.real_row(r) // pixels, g.real_row(r) % pixels
+    b, pix = g.image_pixel(r)
     iy = pix // g.out_w * g.stride[0] + ky * g.dilation[0] - g.pad[0]
     ix = pix % g.out_w * g.stride[1] + kx * g.dilation[1] - g.pad[1]
     inside = tirx.all(iy >= 0, iy < g.h, ix >= 0, ix < g.w)
