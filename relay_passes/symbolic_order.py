@@ -29,7 +29,8 @@ class OrderShapeDefinitions:
         updates = {}
         for gvar, func in mod.functions_items():
             if isinstance(func, relax.Function) and isinstance(func.body, relax.SeqExpr):
-                blocks = [_ordered(block) for block in func.body.blocks]
+                known = {v for param in func.params for v in _symbolic_vars(param.ty)}
+                blocks = [_ordered(block, known) for block in func.body.blocks]
                 if any(new is not old for new, old in zip(blocks, func.body.blocks, strict=True)):
                     body = relax.SeqExpr(blocks, func.body.body, func.body.span)
                     updates[gvar] = relax.Function(
@@ -43,15 +44,21 @@ class OrderShapeDefinitions:
         return mod
 
 
-def _ordered(block: relax.BindingBlock) -> relax.BindingBlock:
-    """``block`` with its bindings in a valid order (``block`` itself when it has one)."""
+def _ordered(block: relax.BindingBlock, known: set) -> relax.BindingBlock:
+    """``block`` with its bindings in a valid order (``block`` itself when it has one).
+
+    ``known`` holds the symbolic variables defined before the block (by the function's
+    parameters); a ``match_cast`` to a shape that uses one of them only checks it. The block's
+    own definitions are added to it."""
     bindings = list(block.bindings)
     definer = {}  # relax var or symbolic var -> index of the binding that defines it
     for index, binding in enumerate(bindings):
         definer[binding.var] = index
         if isinstance(binding, relax.MatchCast):
             for var in _symbolic_vars(binding.ty):
-                definer.setdefault(var, index)
+                if var not in known:
+                    definer.setdefault(var, index)
+    known.update(v for v in definer if isinstance(v, tvm.tirx.Var))
     needs = [set() for _ in bindings]
     for index, binding in enumerate(bindings):
         used = list(relax.analysis.free_vars(binding.value))

@@ -17,6 +17,17 @@ converter (returns ``None``) whenever its preconditions do not hold:
 * ``Pad`` in constant mode with pads computed at run time (SEW-D), and with constant pads as
   ``relax.nn.pad`` rather than TVM's TE call, so that a pad before a convolution (an export of
   ``padding="same"``) can be folded into it (:mod:`tvmamp.relay_passes.pad_into_conv`).
+* ``Cast`` of a shape to int64 (a no-op: ONNX shapes are int64), which TVM makes a tensor, so
+  that a ``Concat`` of it with a shape fails (torchvision's LRASPP and timm's CoaT-Lite
+  resize to ``input.shape[-2:]``);
+* ``Resize`` of a 4-D tensor over symbolic spatial sizes, to sizes given as a shape (TVM
+  reads them as ints) or by constant scales (TVM computes ``int64(float(in) * scale)`` and
+  maps coordinates with ``in / out``). A scale ``p / q`` gives ``in // q * p``, exact as ONNX
+  has it where ``q`` divides ``in``, which a ``match_cast`` checks at run time;
+* ``Concat`` of tensors whose other dims TVM cannot prove equal (a U-Net's upsampled
+  ``h // 4 * 2`` beside its skip connection's ``h // 2``): TVM gives the result no shape, and
+  a later ``Resize`` fails. Those dims are unified by a ``match_cast`` of the inputs (a
+  run-time check, where onnxruntime fails on such sizes too).
 
 Like TVM's importer where it uses ``assume_inbound``, the overrides assume what the export's
 trace implies: slice bounds within their axis, non-negative run-time pads.
@@ -25,6 +36,7 @@ trace implies: slice bounds within their axis, non-negative run-time pads.
 from __future__ import annotations
 
 import contextlib
+from fractions import Fraction
 
 import numpy as np
 import tvm
@@ -358,7 +370,115 @@ def _conv(bb, inputs, attr, params, fallback):
     return fallback(bb, inputs, explicit, params)
 
 
+def _cast(bb, inputs, attr, params, fallback):
+    """``Cast`` of a shape to int64: the shape itself (TVM makes it a tensor)."""
+    from onnx import TensorProto
+
+    if isinstance(inputs[0], relax.ShapeExpr) and attr.get("to") == TensorProto.INT64:
+        return inputs[0]
+    return None
+
+
+def _resize(bb, inputs, attr, params, fallback):
+    """``Resize`` of an NCHW tensor over symbolic spatial sizes to sizes given as a shape, or
+    by constant scales of 1 on the batch and channels (module docstring). Anything else (a
+    region of interest, ``axes``, an aspect-ratio policy, antialiasing) is left to TVM."""
+    from .common import UnsupportedOperatorError
+
+    data = inputs[0]
+    dims = _dims(data)
+    if dims is None or len(dims) != 4 or all(_static(d) for d in dims[2:]):
+        return None
+    roi, scales, sizes = (_constant(params, inputs, i) for i in (1, 2, 3))
+    policy = attr.get("keep_aspect_ratio_policy", b"stretch")
+    if roi is not None or "axes" in attr or attr.get("antialias", 0) or policy != b"stretch":
+        return None
+    if isinstance(sizes, relax.ShapeExpr) and len(sizes.values) == 4 and scales is None:
+        out = list(sizes.values[2:])
+    elif isinstance(scales, tvm.ir.GenericConst) and sizes is None:
+        values = scales.value.numpy().astype(np.float32).ravel().tolist()
+        if len(values) != 4 or values[:2] != [1.0, 1.0]:
+            return None
+        checked, out = list(dims), []
+        for axis in (2, 3):
+            ratio = Fraction(values[axis]).limit_denominator(64)
+            if np.float32(ratio.numerator / ratio.denominator) != np.float32(values[axis]):
+                raise UnsupportedOperatorError(
+                    f"tvmamp.from_onnx: Resize with scale {values[axis]:g} on axis {axis} of "
+                    f"symbolic size {dims[axis]}: its output size floor(in * scale) is not "
+                    "exact in integer arithmetic. Export it with `sizes` (F.interpolate("
+                    "size=...)) or pass a static shape_dict.",
+                    ["Resize"],
+                )
+            if _static(dims[axis]) and int(dims[axis]) % ratio.denominator:
+                return None  # prepare_for_import rewrote or refused it; defer to TVM
+            whole = dims[axis] // ratio.denominator
+            if not _static(dims[axis]) and ratio.denominator > 1:
+                checked[axis] = whole * ratio.denominator
+            out.append(_shape_analyzer(dims[axis]).simplify(whole * ratio.numerator))
+        if any(not a.same_as(b) for a, b in zip(checked, dims)):
+            data = bb.match_cast(data, relax.TensorType(checked, data.ty.dtype))
+    else:
+        return None
+    mode = _text(attr.get("mode", b"nearest"))
+    return relax.op.image.resize2d(
+        data,
+        size=relax.ShapeExpr([_i64(d) for d in out]),
+        roi=[0.0] * 4,
+        layout="NCHW",
+        method="nearest_neighbor" if mode == "nearest" else mode,
+        coordinate_transformation_mode=_text(
+            attr.get("coordinate_transformation_mode", b"half_pixel")
+        ),
+        rounding_method=_text(attr.get("nearest_mode", b"round_prefer_floor")),
+        cubic_alpha=attr.get("cubic_coeff_a", -0.75),
+        cubic_exclude=attr.get("exclude_outside", 0),
+        extrapolation_value=attr.get("extrapolation_value", 0.0),
+    )
+
+
+def _text(value) -> str:
+    return value.decode("ascii") if isinstance(value, bytes) else str(value)
+
+
+def _concat(bb, inputs, attr, params, fallback):
+    """``Concat`` of tensors whose dims off the axis TVM cannot prove equal: each such dim is
+    unified (a static one where there is one, else the first that is not a plain variable), the
+    inputs ``match_cast`` to it, and the concat left to TVM."""
+    shapes = [_dims(x) for x in inputs]
+    if not shapes or any(s is None for s in shapes) or len({len(s) for s in shapes}) != 1:
+        return None
+    rank = len(shapes[0])
+    axis = attr.get("axis", 0) % rank if rank else 0
+    analyzer = _shape_analyzer(*(d for s in shapes for d in s))
+    unified = list(shapes[0])
+    for k in range(rank):
+        column = [s[k] for s in shapes]
+        if k == axis or all(analyzer.can_prove_equal(column[0], d) for d in column[1:]):
+            continue
+        # Not a variable that another dim is an expression of: TVM's CanonicalizeBindings
+        # substitutes ``h -> h // 4 * 4`` from such a match_cast without end (a segfault).
+        ranked = [d for d in column if _static(d)] + [
+            d for d in column if not isinstance(d, tirx.Var)
+        ]
+        unified[k] = (ranked or column)[0]
+    if all(unified[k].same_as(shapes[0][k]) for k in range(rank) if k != axis) and all(
+        analyzer.can_prove_equal(unified[k], s[k]) for s in shapes for k in range(rank) if k != axis
+    ):
+        return None
+    cast = []
+    for x, shape in zip(inputs, shapes):
+        want = [shape[k] if k == axis else unified[k] for k in range(rank)]
+        if any(not analyzer.can_prove_equal(a, b) for a, b in zip(want, shape)):
+            x = bb.match_cast(x, relax.TensorType(want, x.ty.dtype))
+        cast.append(x)
+    return fallback(bb, cast, attr, params)
+
+
 OVERRIDES = {
+    "Cast": _cast,
+    "Resize": _resize,
+    "Concat": _concat,
     "Range": _range,
     "Slice": _slice,
     "Gather": _gather,
