@@ -367,5 +367,5 @@ def _now(expr: relax.Expr, compute: Callable, op: Callable) -> relax.Expr:
     """``compute`` on a constant's numpy value, as a constant; else the Relax ``op()``."""
     if not isinstance(expr, Constant):
         return op()
-    data = np.ascontiguousarray(compute(expr.value.numpy()))
+    data = np.array(compute(expr.value.numpy()), order="C")
     return relax.const(data, str(data.dtype))

@@ -113,6 +113,34 @@ def test_symbolic_dim_keeps_its_shape_and_folds_static_picks():
     assert _constant_value(static, "batch") == 4
 
 
+def test_folded_scalars_keep_their_rank(rng):
+    # A folded scalar was written as a [1] constant (numpy's ascontiguousarray makes 0-d arrays
+    # 1-d): timm's CoaT-Lite then unsqueezed a product of two dims to [1, 1], and TVM failed to
+    # concatenate it into a reshape's shape. A scalar output read [1] where onnxruntime has [].
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        _const("i1", np.array(1, dtype=np.int64)),
+        _const("i2", np.array(2, dtype=np.int64)),
+        helper.make_node("Gather", ["s", "i1"], ["rows"], axis=0),
+        helper.make_node("Gather", ["s", "i2"], ["cols"], axis=0),
+        helper.make_node("Mul", ["rows", "cols"], ["n"]),
+        helper.make_node("Cast", ["n"], ["nf"], to=TensorProto.FLOAT),
+        helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0),
+        helper.make_node("Div", ["total", "nf"], ["y"]),
+    ]
+    outputs = [_int("n", []), _float("y", [])]
+    model = _model(nodes, [_float("x", ["N", 3, 5])], outputs)
+    folded = fold_shape_constants(model, {})
+    assert _constant_value(folded, "n").shape == ()
+    mod, params = from_onnx(model)
+    exe = tvmamp.build(mod, "O0", TARGET, params=params)
+    x = rng.standard_normal((2, 3, 5)).astype("float32")
+    n, y = (np.asarray(v) for v in exe(x))
+    assert n.shape == () and y.shape == ()
+    assert int(n) == 15
+    np.testing.assert_allclose(y, x.sum() / 15, rtol=1e-5)
+
+
 def test_no_foldable_node_returns_the_same_model():
     nodes = [helper.make_node("Relu", ["x"], ["y"])]
     model = _model(nodes, [_float("x", [2, 3])], [_float("y", [2, 3])])

@@ -444,7 +444,7 @@ def _rewrite(onnx, model, folder, in_place=False):
             if value is None:
                 continue
             label = node.name if len(node.output) == 1 else f"{node.name}_{k}"
-            tensor = numpy_helper.from_array(np.ascontiguousarray(value), name)
+            tensor = numpy_helper.from_array(np.array(value, order="C"), name)
             constant = helper.make_node("Constant", [], [name], name=label, value=tensor)
             replaced.add(id(constant))
             nodes.append(constant)
