@@ -42,7 +42,7 @@ from tvm.relax import PyExprMutator
 from tvmamp.tensors import out_dtype
 
 from .bindings import rewrite_functions
-from .symbolic_rows import whole_tiles
+from .symbolic_rows import first_rows, whole_tiles
 
 _CONV1D = tvm.ir.Op.get("relax.nn.conv1d")
 _CONV2D = tvm.ir.Op.get("relax.nn.conv2d")
@@ -120,8 +120,7 @@ class _Rewriter(PyExprMutator):
             cols = emit(relax.op.reshape(cols, [padded, depth]))
             w = emit(relax.op.reshape(w, [depth, filters]))
         out = emit(relax.op.matmul(cols, w, out_dtype=dtype))
-        axis = len(out.ty.shape) - 2  # the padded rows off
-        out = emit(relax.op.strided_slice(out, [axis], [0], [rows], assume_inbound=True))
+        out = emit(first_rows(out, rows, padded))  # the padded rows off
         out = emit(relax.op.reshape(out, [groups, n, *out_spatial, fg]))
         out = emit(relax.op.permute_dims(out, [1, 0, 4, 2, 3]))  # [n, g, f/g, oh, ow]
         return relax.op.reshape(out, call.ty.shape)

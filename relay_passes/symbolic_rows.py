@@ -13,10 +13,8 @@ Here ``matmul(a, b)`` with symbolic rows ``m`` not provably a multiple of ``tile
     padded = concat([a, zeros(..., ceil(m / tile) * tile - m, k)], axis=-2)
     matmul(padded, b)[..., :m, :]
 
-The padded rows are zeros and are sliced off, so the result is the same. Where TVM cannot
-prove that the padded rows cover the slice (``b * 50`` rows: the tile shares a factor with
-50), a slice fused into the GEMM kernel kept every rule from scheduling it, so the first rows
-are taken as a view instead, and the ops after it run in a kernel of their own. A batched ``a``
+The padded rows are zeros and are sliced off, so the result is the same (:func:`first_rows`:
+a view where TVM cannot prove the slice covered). A batched ``a``
 against a 2-D ``b`` is padded as one matrix of all its rows (:meth:`_Rewriter._flattened`),
 also where only its batch is symbolic and its rows are no whole tiles (ViT's 65 tokens under a
 dynamic batch: in the kernel, rows padded to tiles would be a copy of ``a``).
@@ -40,6 +38,22 @@ _MATMUL = tvm.ir.Op.get("relax.matmul")
 def whole_tiles(rows, tile: int):
     """``rows`` rounded up to a multiple of ``tile`` (a PrimExpr when ``rows`` is one)."""
     return (rows + tile - 1) // tile * tile
+
+
+def first_rows(out: relax.Expr, rows, padded) -> relax.Expr:
+    """The first ``rows`` of ``out`` (a result over ``padded`` rows, on axis 0 or -2).
+
+    A slice, which FuseOps fuses into the GEMM that computes ``out`` (its epilogue). Where
+    TVM cannot prove that the padded rows cover the slice (``rows = b * 50``: ``8 * ((50 * b
+    + 7) // 8) >= 50 * b`` fails where 50 and the tile share a factor; ``b * (h // 4 * 2) *
+    (w // 4 * 2)`` alike), such a kernel was no stage pipeline and no rule scheduled it (a
+    scalar loop, 100x slower): there the rows of a 2-D ``out`` are a view, and the ops after
+    it run in a kernel of their own.
+    """
+    axis = out.ty.ndim - 2
+    if axis == 0 and not Analyzer().can_prove(padded - rows >= 0):
+        return relax.op.memory.view(out, relax.ShapeExpr([rows, *out.ty.shape.values[1:]]))
+    return relax.op.strided_slice(out, [axis], [0], [rows], assume_inbound=True)
 
 
 def needs_padding(rows, tile: int) -> bool:
@@ -85,15 +99,7 @@ class _Rewriter(PyExprMutator):
         zeros = relax.op.zeros(relax.ShapeExpr([*shape[:-2], padded - rows, depth]), a.ty.dtype)
         a = self.builder_.emit(relax.op.concat([a, zeros], axis=len(shape) - 2))
         out = self.builder_.emit(relax.op.matmul(a, b, out_dtype=call.attrs.out_dtype))
-        axis = out.ty.ndim - 2
-        if axis == 0 and not Analyzer().can_prove(padded - rows >= 0):
-            # The first rows of the result, as a view: TVM cannot prove that the padded rows
-            # cover the slice (rows = b * 50: 8 * ((50 * b + 7) // 8) >= 50 * b fails where 50
-            # and the tile share a factor), so a slice fused into the GEMM's epilogue made the
-            # kernel no stage pipeline, and no rule scheduled it (a scalar loop, 100x slower).
-            # The ops after the view run in a kernel of their own.
-            return relax.op.memory.view(out, relax.ShapeExpr([rows, *out.ty.shape.values[1:]]))
-        return relax.op.strided_slice(out, [axis], [0], [rows], assume_inbound=True)
+        return first_rows(out, rows, padded)
 
     def _flattened(self, a, b, out_dtype):
         """``a[..., rows, k] @ b[k, n]`` as one GEMM over all of ``a``'s rows, padded.
