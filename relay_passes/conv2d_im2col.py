@@ -34,29 +34,34 @@ WINDOW_ATTR = "tvmamp.rows_window"
 class Geometry:
     """Input size, kernel, strides, dilations, padding and output size of one NCHW conv2d.
 
-    The batch ``n`` may be symbolic (a model exported with a dynamic batch). Rows over a
-    symbolic batch are padded to whole ``row_tile`` rows (:attr:`out_rows`), so that the bf16
-    GEMM reads them in place; kernels that gather from rows read only their first
-    :attr:`pixels`, and compute their padded rows as copies of their last real one.
+    The batch ``n``, the height and the width may be symbolic (a model exported with a dynamic
+    batch or image size). Rows of a symbolic number of pixels are padded to whole ``row_tile``
+    rows (:attr:`out_rows`), so that the bf16 GEMM reads them in place; kernels that gather
+    from rows read only their first :attr:`pixels`, and compute their padded rows as copies of
+    their last real one.
     """
 
     n: int | tirx.PrimExpr
     c: int
-    h: int
-    w: int
+    h: int | tirx.PrimExpr
+    w: int | tirx.PrimExpr
     kh: int
     kw: int
     stride: tuple[int, int]
     dilation: tuple[int, int]
     pad: tuple[int, int, int, int]  # top, left, bottom, right
-    out_h: int
-    out_w: int
+    out_h: int | tirx.PrimExpr
+    out_w: int | tirx.PrimExpr
     groups: int = 1
     row_tile: int = 1
 
     @classmethod
-    def of(cls, attrs, data_shape: tuple[int, ...], weight_shape: tuple[int, ...]) -> Geometry:
-        """Read the ``attrs`` of a conv2d with NCHW ``data_shape`` and OIHW ``weight_shape``."""
+    def of(
+        cls, attrs, data_shape: tuple, weight_shape: tuple[int, ...], out_shape: tuple = ()
+    ) -> Geometry:
+        """Read the ``attrs`` of a conv2d with NCHW ``data_shape`` and OIHW ``weight_shape``;
+        ``out_shape``, its NCHW result's shape where known (its symbolic sizes as Relax wrote
+        them, so that the rows' shapes are the same expressions as the graph's)."""
         return cls.make(
             data_shape,
             weight_shape[2:],
@@ -64,26 +69,31 @@ class Geometry:
             attrs.dilation,
             attrs.padding,
             int(getattr(attrs, "groups", 1)),
+            out_shape[2:],
         )
 
     @classmethod
-    def make(cls, data_shape, kernel, strides, dilation, padding, groups: int = 1) -> Geometry:
+    def make(
+        cls, data_shape, kernel, strides, dilation, padding, groups: int = 1, out_hw=()
+    ) -> Geometry:
         """The geometry of a window ``kernel`` (KH, KW) sliding over NCHW ``data_shape``
-        (whose batch may be symbolic)."""
-        n = data_shape[0] if _symbolic(data_shape[0]) else int(data_shape[0])
-        c, h, w = (int(d) for d in data_shape[1:])
+        (whose batch, height and width may be symbolic), with output sizes ``out_hw`` where
+        given."""
+        n, c, h, w = (dim(d) for d in data_shape)
         kh, kw = (int(k) for k in kernel)
         stride = tuple(int(s) for s in strides)
         dilation = tuple(int(d) for d in dilation)
         pad = tuple(int(p) for p in padding)
         out_h = (h + pad[0] + pad[2] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
         out_w = (w + pad[1] + pad[3] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
-        return cls(n, c, h, w, kh, kw, stride, dilation, pad, out_h, out_w, groups)
+        if out_hw:
+            out_h, out_w = (dim(d) for d in out_hw)
+        return cls(n, int(c), h, w, kh, kw, stride, dilation, pad, out_h, out_w, groups)
 
     @property
     def symbolic(self) -> bool:
-        """Whether the batch is symbolic."""
-        return _symbolic(self.n)
+        """Whether the number of pixels is symbolic (a symbolic batch, height or width)."""
+        return any(_symbolic(d) for d in (self.n, self.h, self.w))
 
     @property
     def pixels(self) -> int | tirx.PrimExpr:
@@ -100,15 +110,22 @@ class Geometry:
         """``(image, pixel in the image)`` of output row ``r``; a padded row (past
         :attr:`pixels`) is the last real one."""
         real = tirx.min(r, self.pixels - 1) if self.symbolic else r
-        per_image = self.out_h * self.out_w
+        per_image = divisor(self.out_h * self.out_w)
         return real // per_image, real % per_image
 
+    def out_yx(self, pix) -> tuple[tirx.PrimExpr, tirx.PrimExpr]:
+        """``(y, x)`` of pixel ``pix`` of an output image."""
+        width = divisor(self.out_w)
+        return pix // width, pix % width
+
     def input_rows(self, rows: relax.Expr) -> relax.Expr:
-        """``rows`` of the input without the padded rows: ``[n*H*W, ...]``."""
+        """``rows`` of the input without the padded rows: ``[n*H*W, ...]``, a view (a slice
+        fused into the kernel that computes the rows broke its window or GEMM schedule, and
+        TVM's simplifier divided by zero on a max pool's over ``h // 2``)."""
         if not self.symbolic:
             return rows
-        end = self.n * self.h * self.w
-        return relax.op.strided_slice(rows, [0], [0], [end], assume_inbound=True)
+        shape = [self.n * self.h * self.w, *rows.ty.shape.values[1:]]
+        return relax.op.memory.view(rows, relax.ShapeExpr(shape))
 
     @property
     def group_channels(self) -> int:
@@ -126,6 +143,18 @@ def _symbolic(dim) -> bool:
     return not isinstance(dim, int | tirx.IntImm)
 
 
+def dim(value) -> int | tirx.PrimExpr:
+    """A dimension as an int where it is a constant, else the PrimExpr."""
+    return value if _symbolic(value) else int(value)
+
+
+def divisor(size):
+    """``size`` to divide an index by: a symbolic one at least 1. TVM's simplifier, proving a
+    kernel's bounds, folded ``pix // (w // 2)`` at ``w < 2`` and failed ("Divide by zero");
+    where the size is 0 there are no pixels to index, so the guard changes nothing."""
+    return size if isinstance(size, int) else tirx.max(size, 1)
+
+
 def emit_im2col(bb: relax.BlockBuilder, rows: relax.Expr, g: Geometry) -> relax.Var:
     """Emit ``col[n*OH*OW, (ky*KW + kx)*C + c]`` gathered from ``rows[n*H*W, C]``."""
     if g.pointwise:
@@ -139,17 +168,21 @@ def emit_im2col(bb: relax.BlockBuilder, rows: relax.Expr, g: Geometry) -> relax.
     return bb.emit(call)
 
 
-def emit_run_im2col(bb: relax.BlockBuilder, rows: relax.Expr, g: Geometry) -> relax.Var:
+def emit_run_im2col(
+    bb: relax.BlockBuilder, rows: relax.Expr, g: Geometry, nhwc: relax.Expr | None = None
+) -> relax.Var:
     """Emit ``col[n*OH*OW, ky*R + j]`` for a conv with dilation 1: each kernel row's taps
     ``(kx, c)`` of one output pixel, a run of ``KW*C`` values contiguous in the zero-padded
     NHWC input, copied whole (one vector copy per kernel row, where :func:`emit_im2col`
     copies ``C`` values per tap: 3 for an RGB stem). ``R`` is :func:`run_length`, the run
     rounded up to a pair (the bf16 GEMM's reduction unit); the extra value of each run is zero.
-    The weight matrix must have zero rows there (:func:`run_weight`).
+    The weight matrix must have zero rows there (:func:`run_weight`). The input is ``rows``,
+    or ``nhwc`` (``[n, H, W, C]``) where that is given instead.
     """
     run = run_length(g)
     extra = 1 if run > g.kw * g.c else 0  # a last row, so that every run's pair is in bounds
-    nhwc = relax.op.reshape(g.input_rows(rows), (g.n, g.h, g.w, g.c))
+    if nhwc is None:
+        nhwc = relax.op.reshape(g.input_rows(rows), (g.n, g.h, g.w, g.c))
     pads = [0, 0, g.pad[0], g.pad[2] + extra, g.pad[1], g.pad[3], 0, 0]
     padded = bb.emit(relax.op.nn.pad(nhwc, pads))
     hp, wp = g.h + g.pad[0] + g.pad[2] + extra, g.w + g.pad[1] + g.pad[3]
@@ -158,7 +191,8 @@ def emit_run_im2col(bb: relax.BlockBuilder, rows: relax.Expr, g: Geometry) -> re
     def gather(x: te.Tensor) -> te.Tensor:
         def value(r, ky, j):
             b, pix = g.image_pixel(r)
-            y, x0 = pix // g.out_w * g.stride[0] + ky, pix % g.out_w * g.stride[1]
+            y, x0 = g.out_yx(pix)
+            y, x0 = y * g.stride[0] + ky, x0 * g.stride[1]
             load = x[((b * hp + y) * wp + x0) * g.c + j]
             if run == g.kw * g.c:
                 return load
@@ -245,8 +279,9 @@ def window_tap(rows: te.Tensor, g: Geometry, r, ky, kx, channel, outside) -> tir
     ``outside``), ``outside`` in the padding; the load is clamped to the input, so that it is
     always in bounds."""
     b, pix = g.image_pixel(r)
-    iy = pix // g.out_w * g.stride[0] + ky * g.dilation[0] - g.pad[0]
-    ix = pix % g.out_w * g.stride[1] + kx * g.dilation[1] - g.pad[1]
+    y, x = g.out_yx(pix)
+    iy = y * g.stride[0] + ky * g.dilation[0] - g.pad[0]
+    ix = x * g.stride[1] + kx * g.dilation[1] - g.pad[1]
     inside = tirx.all(iy >= 0, iy < g.h, ix >= 0, ix < g.w)
     y = tirx.max(tirx.min(iy, g.h - 1), 0)
     x = tirx.max(tirx.min(ix, g.w - 1), 0)
@@ -331,9 +366,10 @@ def _window_size(g: Geometry, r, include_pad: bool) -> tirx.PrimExpr:
     input (the padding excluded)."""
     if include_pad:
         return tirx.const(float(g.kh * g.kw), "float32")
-    pix = r % (g.out_h * g.out_w)
+    _, pix = g.image_pixel(r)
     counts = []
-    for out, axis, size, kernel in ((pix // g.out_w, 0, g.h, g.kh), (pix % g.out_w, 1, g.w, g.kw)):
+    y, x = g.out_yx(pix)
+    for out, axis, size, kernel in ((y, 0, g.h, g.kh), (x, 1, g.w, g.kw)):
         first = out * g.stride[axis] - g.pad[axis]
         inside = [
             tirx.all(first + k * g.dilation[axis] >= 0, first + k * g.dilation[axis] < size)

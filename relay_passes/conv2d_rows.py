@@ -14,7 +14,7 @@ from tvm import relax, te, tirx
 
 from tvmamp.tensors import static_shape_but_batch
 
-from .conv2d_im2col import Geometry, emit_pool, reshape
+from .conv2d_im2col import Geometry, divisor, emit_pool, reshape
 from .grouped_conv_gemm import emit_channel_permute
 from .symbolic_rows import whole_tiles
 
@@ -65,15 +65,16 @@ class Rows:
     ``var`` is ``[n*h*w, *chan]``. ``extras`` holds the other fields of a batch-norm tuple
     (moving mean and variance), whose first field is the rows.
 
-    A symbolic batch ``n`` (a model exported with a dynamic batch) has its rows padded to
-    whole ``tile`` rows (:attr:`rows`), so that a GEMM reads them in place; the padded rows
-    hold copies of real ones, and only the first :attr:`pixels` are read back as NCHW.
+    A symbolic number of pixels (a model exported with a dynamic batch or image size) has its
+    rows padded to whole ``tile`` rows (:attr:`rows`), so that a GEMM reads them in place; the
+    padded rows hold copies of real ones, and only the first :attr:`pixels` are read back as
+    NCHW.
     """
 
     var: relax.Expr
     n: int | tirx.PrimExpr
-    h: int
-    w: int
+    h: int | tirx.PrimExpr
+    w: int | tirx.PrimExpr
     c: int
     extras: tuple = ()
     chan: tuple = ()
@@ -86,20 +87,22 @@ class Rows:
 
     @property
     def padded(self) -> bool:
-        """Whether the batch is symbolic, and :attr:`rows` padded to whole tiles."""
-        return not isinstance(self.n, int)
+        """Whether the number of pixels is symbolic, and :attr:`rows` padded to whole tiles."""
+        return not isinstance(self.pixels, int)
 
     @property
     def rows(self) -> int | tirx.PrimExpr:
         """The number of rows of ``var``: :attr:`pixels`, padded to whole ``tile`` rows when
-        the batch is symbolic."""
+        it is symbolic."""
         return whole_tiles(self.pixels, self.tile) if self.padded else self.pixels
 
     def same_batch(self, dim: tirx.PrimExpr) -> bool:
         """Whether ``dim`` (a shape's leading dimension) is ``n``."""
-        if isinstance(dim, tirx.IntImm):
-            return not self.padded and int(dim) == self.n
-        return self.padded and bool(tvm_ffi.structural_equal(dim, self.n))
+        return same_dim(dim, self.n)
+
+    def same_size(self, h, w) -> bool:
+        """Whether ``(h, w)`` is the image size ``(self.h, self.w)``."""
+        return same_dim(h, self.h) and same_dim(w, self.w)
 
     @property
     def channel_dims(self) -> tuple[int, ...]:
@@ -108,8 +111,10 @@ class Rows:
 
     def same_layout(self, other: Rows) -> bool:
         """Whether ``other`` holds a value of the same shape (and is not a tuple)."""
-        mine = (self.n, self.h, self.w, self.c, self.chan, self.extras)
-        return mine == (other.n, other.h, other.w, other.c, other.chan, ())
+        mine = (self.c, self.chan, self.extras)
+        if mine != (other.c, other.chan, ()) or not self.same_batch(other.n):
+            return False
+        return self.same_size(other.h, other.w)
 
     def with_var(self, var: relax.Expr, extras: tuple = ()) -> Rows:
         """The same shape held in ``var``."""
@@ -155,6 +160,14 @@ class Rows:
             return bb.emit(value)
         bb.emit_normalized(relax.VarBinding(var, bb.normalize(value)))
         return var
+
+
+def same_dim(a, b) -> bool:
+    """Whether two dimensions (ints, IntImms or PrimExprs) are the same."""
+    a, b = (int(d) if isinstance(d, tirx.IntImm) else d for d in (a, b))
+    if isinstance(a, int) or isinstance(b, int):
+        return a == b if isinstance(a, int) and isinstance(b, int) else False
+    return bool(tvm_ffi.structural_equal(a, b))
 
 
 def rows_call(
@@ -272,8 +285,8 @@ def _image_binary(bb, call: relax.Call, lhs: Rows, rhs: Rows) -> Rows | None:
     """``a op b`` on rows over a symbolic batch where one side has one pixel an image
     (``[n, c, 1, 1]``: a squeeze-and-excitation scale after its 1x1 convs) and the other
     side ``c`` channels of the same batch."""
-    small, large = (lhs, rhs) if (lhs.h, lhs.w) == (1, 1) else (rhs, lhs)
-    if (small.h, small.w) != (1, 1) or small.extras or small.chan or large.extras or large.chan:
+    small, large = (lhs, rhs) if lhs.same_size(1, 1) else (rhs, lhs)
+    if not small.same_size(1, 1) or small.extras or small.chan or large.extras or large.chan:
         return None
     if small.c != large.c or not large.same_batch(small.n):
         return None
@@ -301,10 +314,20 @@ def _per_image(bb: relax.BlockBuilder, table: relax.Expr | None, rows: Rows) -> 
     into the elementwise op that reads it. ``None`` for a ``None`` table."""
     if table is None:
         return None
-    pixel = bb.emit(relax.op.arange(tirx.IntImm("int64", 0), rows.rows, dtype="int64"))
-    image = bb.emit(relax.op.floor_divide(pixel, relax.const(rows.h * rows.w, "int64")))
-    zero, last = (relax.prim_value(tirx.IntImm("int64", 0)), relax.prim_value(rows.n - 1))
-    image = bb.emit(relax.op.clip(image, zero, last))
+    per_image = rows.h * rows.w
+    if isinstance(per_image, int):
+        pixel = bb.emit(relax.op.arange(tirx.IntImm("int64", 0), rows.rows, dtype="int64"))
+        image = bb.emit(relax.op.floor_divide(pixel, relax.const(per_image, "int64")))
+        zero, last = (relax.prim_value(tirx.IntImm("int64", 0)), relax.prim_value(rows.n - 1))
+        image = bb.emit(relax.op.clip(image, zero, last))
+    else:  # a symbolic image size: the indices computed by a kernel of their own
+
+        def images() -> te.Tensor:
+            last = rows.n - 1
+            per = divisor(per_image)
+            return te.compute((rows.rows,), lambda r: tirx.min(r // per, last), name="image")
+
+        image = bb.emit(bb.call_te(images, primfunc_name_hint="row_images"))
     return bb.emit(relax.op.take(table, image, axis=0, mode="clip"))
 
 
@@ -336,14 +359,13 @@ def _batch_norm(bb, call: relax.Call, data: Rows, visit: Callable) -> Rows | Non
 def _reshape(bb, call: relax.Call, data: Rows) -> Rows | None:
     """A reshape of the channel axes only: ``[n, *chan, h, w]`` to ``[n, *chan2, h, w]``."""
     shape = call.ty.shape.values if isinstance(call.ty, relax.TensorType) else None
-    if shape is None or len(shape) < 4 or not all(isinstance(d, tirx.IntImm) for d in shape[1:]):
+    if shape is None or len(shape) < 4 or not all(isinstance(d, tirx.IntImm) for d in shape[1:-2]):
         return None
-    if not data.same_batch(shape[0]):
+    if not data.same_batch(shape[0]) or not data.same_size(*shape[-2:]):
         return None
-    dims = [int(d) for d in shape[1:]]
-    if tuple(dims[-2:]) != (data.h, data.w) or math.prod(dims[:-2]) != data.c:
+    chan = tuple(int(d) for d in shape[1:-2])
+    if math.prod(chan) != data.c:
         return None
-    chan = tuple(dims[:-2])
     if len(chan) == 1:
         return dataclasses.replace(data, chan=())
     shaped = data.shaped(chan)
@@ -377,10 +399,10 @@ def _concat(bb, call: relax.Call, held: Callable) -> Rows | None:
     parts = [held(f) for f in fields]
     if any(r is None or r.extras or r.chan for r in parts):
         return None
-    if len({(r.n, r.h, r.w) for r in parts}) != 1:
+    first = parts[0]
+    if not all(r.same_batch(first.n) and r.same_size(first.h, first.w) for r in parts):
         return None
     columns = bb.emit(relax.op.concat([r.flat(bb) for r in parts], axis=1))
-    first = parts[0]
     return dataclasses.replace(first, var=columns, c=sum(r.c for r in parts))
 
 
@@ -407,20 +429,25 @@ def _pool(bb, call: relax.Call, data: Rows) -> Rows | None:
     if (attrs.layout, attrs.out_layout) != ("NCHW", "NCHW"):
         return None
     padding = [int(p) for p in attrs.padding]
+    if not isinstance(call.ty, relax.TensorType) or not isinstance(call.ty.shape, relax.ShapeExpr):
+        return None
     if bool(attrs.ceil_mode):
         out = static_shape_but_batch(call.ty)
-        if _POOLS[call.op] != "max" or out is None:
+        static = isinstance(data.h, int) and isinstance(data.w, int)
+        if _POOLS[call.op] != "max" or out is None or not static:
             return None
         padding = _ceil_padding(data, attrs, padding, out[2:])
+    out = call.ty.shape.values
     g = Geometry.make(
         (data.n, data.c, data.h, data.w),
         attrs.pool_size,
         attrs.strides,
         attrs.dilation,
         padding,
+        out_hw=() if bool(attrs.ceil_mode) else out[2:],
     )
     g = dataclasses.replace(g, row_tile=data.tile)
-    if bool(attrs.ceil_mode) and (g.out_h, g.out_w) != tuple(out[2:]):
+    if bool(attrs.ceil_mode) and (g.out_h, g.out_w) != tuple(int(d) for d in out[2:]):
         return None
     include_pad = bool(getattr(attrs, "count_include_pad", True))
     pooled = emit_pool(bb, data.flat(bb), g, _POOLS[call.op], include_pad)

@@ -35,11 +35,12 @@ from tvm.ir.expr import Constant
 from tvm.relax import PyExprMutator
 
 from tvmamp.tensors import out_dtype as conv_out_dtype
-from tvmamp.tensors import static_shape, static_shape_but_batch
+from tvmamp.tensors import shape_dims, static_shape, static_shape_but_batch
 
 from .conv2d_im2col import (
     Geometry,
     astype,
+    divisor,
     emit_conv_gemm,
     emit_depthwise,
     emit_im2col,
@@ -157,15 +158,18 @@ class Conv2dToGemm:
         symbolic = None in shapes
         if symbolic and (self.row_tile is None or call.op == _CONV_T):
             return False
-        if symbolic and None in (static_shape_but_batch(data.ty), static_shape_but_batch(call.ty)):
-            return False
+        sizes = [shape_dims(data.ty), shape_dims(call.ty)]
+        if symbolic and any(s is None or not isinstance(s[1], int) for s in sizes):
+            return False  # unknown shapes or channels
         if call.op == _CONV_T:
             dense = int(attrs.groups) == 1 and all(int(d) == 1 for d in attrs.dilation)
             return dense and TransposeGeometry.of(call).taps <= self.max_transpose_taps
         f, c, kh, kw = shapes[1]
         groups = int(attrs.groups)
         if groups > 1 and c == 1 and f == groups:  # depthwise, one output channel per group
-            return on_rows
+            # on symbolic image sizes always: the alternative is ConvAsGemm's GEMMs of one
+            # column, and back to NCHW around them
+            return on_rows or (symbolic and static_shape_but_batch(data.ty) is None)
         if groups > 1:
             return min(c, f // groups) >= self.min_group_channels
         return c >= self.min_channels or kh * kw <= 9
@@ -228,7 +232,9 @@ class _Rewriter(PyExprMutator):
 
     def _conv(self, call: relax.Call) -> Rows:
         data, weight = call.args
-        g = Geometry.of(call.attrs, static_shape_but_batch(data.ty), static_shape(weight.ty))
+        g = Geometry.of(
+            call.attrs, shape_dims(data.ty), static_shape(weight.ty), shape_dims(call.ty)
+        )
         g = dataclasses.replace(g, row_tile=self.options.row_tile or 1)
         f = static_shape(weight.ty)[0]
         out_dtype = conv_out_dtype(call, self.options.dtype)
@@ -269,12 +275,19 @@ class _Rewriter(PyExprMutator):
         """im2col + GEMM: the gather fused into the GEMM for wide inputs, whole kernel rows
         gathered at once for narrow ones (fewer than ``gather_channels``)."""
         bb = self.builder_
-        rows = self._input_rows(data, g, (g.c,))
-        fused = not g.pointwise and g.c % self.options.gather_channels == 0 and not g.symbolic
         if g.c < self.options.gather_channels and not g.pointwise and g.dilation == (1, 1):
-            col = emit_run_im2col(bb, rows, g)
+            if g.symbolic and not (isinstance(data, relax.DataflowVar) and data in self.rows):
+                # the gather pads NHWC: from the NCHW input through a transpose, not through
+                # padded rows, whose padding it would slice off (an RGB stem under a dynamic
+                # size: 0.24 -> 0.07 ms for 2 x 3 x 128 x 128)
+                nhwc = bb.emit(relax.op.permute_dims(self.visit_expr(data), (0, 2, 3, 1)))
+                col = emit_run_im2col(bb, None, g, nhwc)
+            else:
+                col = emit_run_im2col(bb, self._input_rows(data, g, (g.c,)), g)
             w2 = self._leaf(run_weight(weight, g, f))
             return bb.emit(relax.op.matmul(col, w2, out_dtype=out_dtype))
+        rows = self._input_rows(data, g, (g.c,))
+        fused = not g.pointwise and g.c % self.options.gather_channels == 0 and not g.symbolic
         col = rows if fused else emit_im2col(bb, rows, g)  # pointwise: the rows are col
         hwio = permute_dims(weight, (2, 3, 1, 0))
         w2 = self._leaf(reshape(hwio, (g.kh * g.kw * g.c, f)))
@@ -322,8 +335,9 @@ def _padded_rows(bb: relax.BlockBuilder, data: relax.Expr, g: Geometry) -> relax
     def rows(x: te.Tensor) -> te.Tensor:
         def value(r, c):
             real = tirx.min(r, pixels - 1)
-            b, pix = real // (g.h * g.w), real % (g.h * g.w)
-            return x[b, c, pix // g.w, pix % g.w]
+            plane, width = divisor(g.h * g.w), divisor(g.w)
+            b, pix = real // plane, real % plane
+            return x[b, c, pix // width, pix % width]
 
         return te.compute((whole_tiles(pixels, g.row_tile), g.c), value, name="rows")
 

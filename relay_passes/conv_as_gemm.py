@@ -58,25 +58,33 @@ class ConvAsGemm:
     ----------
     tile : int
         The GEMM's rows are padded to a multiple of this (``CPUMatmulBF16.Config.tile_i``).
+    leave : callable, optional
+        ``leave(call)`` is true for the convs to leave alone: those that
+        :class:`.conv2d_to_gemm.Conv2dToGemm` runs on NHWC rows, whose layout it keeps between
+        the convs (and pools, norms, activations) where this pass goes back to NCHW at each.
     """
 
-    def __init__(self, tile: int = 8):
+    def __init__(self, tile: int = 8, leave=None):
         self.tile = tile
+        self.leave = leave
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         """Rewrite the symbolic-size convolutions of every Relax function of ``mod``."""
-        return rewrite_functions(mod, _Rewriter(mod, self.tile))
+        return rewrite_functions(mod, _Rewriter(mod, self.tile, self.leave))
 
 
 @relax.expr_functor.mutator
 class _Rewriter(PyExprMutator):
-    def __init__(self, mod: tvm.IRModule, tile: int):
+    def __init__(self, mod: tvm.IRModule, tile: int, leave):
         super().__init__(mod)
         self.tile = tile
+        self.leave = leave
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
         if call.op not in _LAYOUTS or not _rewritable(call):
+            return call
+        if self.leave is not None and self.leave(call):
             return call
         data, weight = call.args
         attrs = call.attrs

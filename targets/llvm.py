@@ -223,11 +223,18 @@ def partition_passes(target: tvm.target.Target, _policy) -> list:
     from tvmamp.schedules.cpu.bf16_matmul import CPUMatmulBF16
     from tvmamp.schedules.cpu.bf16_softmax import merges_columns
 
+    tile = CPUMatmulBF16.Config().tile_i
+    gemm = None
+    if has_bf16(target) and convs_to_gemm(target):
+        # convs over a symbolic batch or image size: the GEMM over symbolic rows runs on
+        # vdpbf16ps, not AMX, so where vdpbf16ps runs at half the fp32 rate (Intel) the direct
+        # conv's FMAs (ConvAsGemm's GEMMs, for symbolic image sizes) win
+        gemm = Conv2dToGemm("bfloat16", row_tile=None if bf16_dot_at_half_rate(target) else tile)
     first = [
         GuardTakeIndices(),
         FoldPadIntoConv(),
         Conv1dAsConv2d(),
-        ConvAsGemm(CPUMatmulBF16.Config().tile_i),
+        ConvAsGemm(tile, leave=gemm.rewrites if gemm is not None else None),  # gemm's on rows
         Conv3dAsConv2d(),
         SlicesToSplit(),
         SplitToSlices(),
@@ -235,12 +242,8 @@ def partition_passes(target: tvm.target.Target, _policy) -> list:
     first += [GroupNormAsInstanceNorm(), SinkRowLayoutBelowMatmul()]
     if not has_bf16(target):
         return [*first, ConvTransposeToSubPixel(), DepthwisePlanes(), FastMath()]
-    tile = CPUMatmulBF16.Config().tile_i
     symbolic = PadSymbolicRows(tile)
-    if convs_to_gemm(target):
-        # convs over a symbolic batch: the GEMM over symbolic rows runs on vdpbf16ps, not AMX,
-        # so where vdpbf16ps runs at half the fp32 rate (Intel) the direct conv's FMAs win
-        gemm = Conv2dToGemm("bfloat16", row_tile=None if bf16_dot_at_half_rate(target) else tile)
+    if gemm is not None:
         sub_pixel = ConvTransposeToSubPixel(leave=gemm.rewrites)  # what gemm runs on rows
         rows = [sub_pixel, gemm, FuseWeightTranspose(), symbolic, DepthwisePlanes()]
     else:

@@ -64,6 +64,14 @@ def static_shape_but_batch(ty) -> tuple | None:
     return (first, *(int(d) for d in dims[1:]))
 
 
+def shape_dims(ty) -> tuple | None:
+    """The shape of a ``relax.TensorType`` as ints where its dimensions are constants and
+    PrimExprs where they are symbolic; None where the shape is unknown."""
+    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
+        return None
+    return tuple(int(d) if isinstance(d, tvm.tirx.IntImm) else d for d in ty.shape.values)
+
+
 def check_array(array, name: str, ty, component: str) -> np.ndarray:
     """``array`` as numpy, checked against the dtype and static shape of the type ``ty``.
 
