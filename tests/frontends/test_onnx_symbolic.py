@@ -359,12 +359,21 @@ def test_resize_by_a_scale_without_an_exact_size_is_refused():
         tvmamp.from_onnx(model)
 
 
-def test_resize_to_sizes_read_off_a_shape_through_a_cast(rng):
+@pytest.mark.parametrize(
+    "pool",
+    [
+        h.make_node("MaxPool", ["x"], ["small"], kernel_shape=[2, 2], strides=[2, 2]),
+        # DeepLabV3's pooled branch: a 1 x 1 image (static sizes) resized to symbolic ones
+        h.make_node("GlobalAveragePool", ["x"], ["small"]),
+    ],
+    ids=["max pool", "global pool"],
+)
+def test_resize_to_sizes_read_off_a_shape_through_a_cast(rng, pool):
     # torchvision's LRASPP: F.interpolate(out, size=x.shape[-2:]) exports the sizes as
     # Concat(Shape(out)[:2], Cast(Concat(Shape(x)[2], Shape(x)[3]), int64)); TVM made the
     # Cast a tensor and failed to concatenate it with the shape.
     nodes = [
-        h.make_node("MaxPool", ["x"], ["small"], kernel_shape=[2, 2], strides=[2, 2]),
+        pool,
         h.make_node("Shape", ["small"], ["small_shape"]),
         h.make_node("Slice", ["small_shape", "zero", "two"], ["head"]),
         h.make_node("Shape", ["x"], ["x_shape"]),

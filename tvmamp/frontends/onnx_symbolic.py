@@ -380,16 +380,18 @@ def _cast(bb, inputs, attr, params, fallback):
 
 
 def _resize(bb, inputs, attr, params, fallback):
-    """``Resize`` of an NCHW tensor over symbolic spatial sizes to sizes given as a shape, or
-    by constant scales of 1 on the batch and channels (module docstring). Anything else (a
+    """``Resize`` of an NCHW tensor over symbolic spatial sizes, or to symbolic sizes, given as a
+    shape, or by constant scales of 1 on the batch and channels (module docstring). (DeepLabV3's
+    pooled branch resizes ``[n, c, 1, 1]`` to the feature map's size.) Anything else (a
     region of interest, ``axes``, an aspect-ratio policy, antialiasing) is left to TVM."""
     from .common import UnsupportedOperatorError
 
     data = inputs[0]
     dims = _dims(data)
-    if dims is None or len(dims) != 4 or all(_static(d) for d in dims[2:]):
-        return None
     roi, scales, sizes = (_constant(params, inputs, i) for i in (1, 2, 3))
+    shaped = isinstance(sizes, relax.ShapeExpr) and not all(_static(d) for d in sizes.values)
+    if dims is None or len(dims) != 4 or (all(_static(d) for d in dims[2:]) and not shaped):
+        return None
     policy = attr.get("keep_aspect_ratio_policy", b"stretch")
     if roi is not None or "axes" in attr or attr.get("antialias", 0) or policy != b"stretch":
         return None
