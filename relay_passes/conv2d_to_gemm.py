@@ -211,6 +211,32 @@ class _Rewriter(PyExprMutator):
                 return
         super().visit_var_binding_(binding)
 
+    def visit_match_cast_(self, binding: relax.MatchCast) -> None:
+        """A ``match_cast`` of rows to an NCHW shape (the importer's unification of a concat's
+        sizes, ``h // 4 * 2`` to ``h // 2``): the check is made on the shape alone and on the
+        rows' padded count, and the rows stay rows with the cast's sizes."""
+        source = binding.value
+        rows = self.rows.get(source) if isinstance(source, relax.DataflowVar) else None
+        shape = shape_dims(binding.var.ty)
+        if (
+            rows is None
+            or rows.extras
+            or rows.chan
+            or not isinstance(binding.var, relax.DataflowVar)
+            or shape is None
+            or len(shape) != 4
+            or shape[1] != rows.c
+        ):
+            super().visit_match_cast_(binding)
+            return
+        bb = self.builder_
+        n, _, h, w = shape
+        sizes = relax.ShapeExpr([rows.n, rows.h, rows.w])
+        bb.match_cast(sizes, relax.ShapeType([n, h, w]))
+        cast = dataclasses.replace(rows, n=n, h=h, w=w)
+        ty = relax.TensorType([cast.rows, *rows.var.ty.shape.values[1:]], rows.var.ty.dtype)
+        self.rows[binding.var] = cast.with_var(bb.match_cast(rows.var, ty))
+
     def visit_dataflow_var_(self, var: relax.DataflowVar) -> relax.Expr:
         """A use outside the rows rewrite: the NCHW value, materialised once."""
         if var in self.rows:

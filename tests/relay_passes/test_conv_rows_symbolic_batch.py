@@ -214,3 +214,59 @@ def test_intel_keeps_the_direct_conv_and_builds(exported):
     assert any("conv2d" in name for name in names), names
     assert not any("im2col" in name or "group_columns" in name for name in names), names
     tvmamp.build(mod, "O2", target, "bfloat16", params=params)
+
+
+class _UNet(nn.Module):
+    """A U-Net's encoder and decoder: a skip connection concatenated with the upsampled
+    (bilinear, then nearest) deeper features."""
+
+    def __init__(self):
+        super().__init__()
+        self.down = nn.Conv2d(3, 8, 3, padding=1)
+        self.deep = nn.Conv2d(8, 16, 3, padding=1)
+        self.up = nn.Conv2d(24, 8, 3, padding=1)
+        self.head = nn.Conv2d(8, 2, 1)
+
+    def forward(self, x):
+        skip = torch.relu(self.down(x))
+        deep = torch.relu(self.deep(nn.functional.max_pool2d(skip, 2)))
+        deep = nn.functional.interpolate(deep, scale_factor=2.0, mode="bilinear")
+        y = torch.relu(self.up(torch.cat([deep, skip], 1)))
+        return self.head(nn.functional.interpolate(y, scale_factor=2.0, mode="nearest"))
+
+
+@pytest.mark.parametrize("dynamic_size", [True, False], ids=["dynamic size", "static"])
+def test_a_decoder_stays_on_rows(dynamic_size):
+    """The upsamplings are gathers on the rows, and the concat with the skip connection (whose
+    sizes the importer unifies with a match_cast under dynamic sizes) takes rows: nothing goes
+    back to NCHW and to rows again (a U-Net under dynamic image sizes: 3.3 of 14 ms, and 1.5x
+    onnxruntime's time; 1.0x now)."""
+    torch.manual_seed(0)
+    net = _UNet().eval()
+    buffer = io.BytesIO()
+    axes = {"x": {0: "batch", 2: "h", 3: "w"}} if dynamic_size else None
+    torch.onnx.export(
+        net,
+        (torch.randn(2, 3, 16, 12),),
+        buffer,
+        input_names=["x"],
+        output_names=["y"],
+        dynamic_axes=axes,
+        opset_version=17,
+        dynamo=False,
+    )
+    model = onnx.load_from_string(buffer.getvalue())
+    mod, params = tvmamp.from_onnx(model)
+    kernels = scheduled_kernels(mod, "O2", TARGET, params)
+    assert len([name for name in kernels if "resize_rows" in name]) == 2, list(kernels)
+    assert not [name for name in kernels if "nchw_rows" in name], list(kernels)
+    exe = tvmamp.build(mod, "O2", TARGET, "bfloat16", params=params)
+    shapes = ((1, 3, 16, 12), (2, 3, 10, 18)) if dynamic_size else ((2, 3, 16, 12),)
+    for shape in shapes:
+        x = np.random.default_rng(shape[3]).standard_normal(shape).astype("float32")
+        with torch.no_grad():
+            ref = net(torch.from_numpy(x)).numpy()
+        out = np.asarray(exe(x))
+        assert out.shape == ref.shape
+        err = np.abs(out - ref).max() / np.abs(ref).max()
+        assert err < 3e-2, (shape, err)
