@@ -432,3 +432,22 @@ def test_concat_of_sizes_tvm_cannot_prove_equal_builds_for_bf16(rng):
     x = rng.uniform(0.5, 1.5, (2, 2, 6, 8)).astype(np.float32)
     ref = run_ort(model, x=x)
     np.testing.assert_allclose(np.asarray(exe(x)), ref, rtol=0, atol=3e-2 * np.abs(ref).max())
+
+
+def test_elementwise_op_of_sizes_tvm_cannot_prove_equal(rng):
+    # DLA's residual add: a strided conv's (h - 1) // 2 + 1 rows plus a max pool's h // 2,
+    # equal for the even sizes the model takes. TVM gave the sum no shape, and the MaxPool
+    # after it failed to import.
+    weight = nh.from_array(rng.standard_normal((2, 2, 3, 3)).astype(np.float32), "weight")
+    nodes = [
+        h.make_node("Conv", ["x", "weight"], ["conv"], pads=[1, 1, 1, 1], strides=[2, 2]),
+        h.make_node("MaxPool", ["x"], ["pooled"], kernel_shape=[2, 2], strides=[2, 2]),
+        h.make_node("Add", ["conv", "pooled"], ["sum"]),
+        h.make_node("MaxPool", ["sum"], ["y"], kernel_shape=[2, 2], strides=[2, 2]),
+    ]
+    model = _image_model(nodes, [weight], ["batch", 2, None, None])
+    _check_two_sizes(model, [(2, 2, 8, 12), (1, 2, 12, 4)], rng, rtol=1e-4)
+    mod, params = tvmamp.from_onnx(model)
+    exe = tvmamp.build(mod, "O0", TARGET, params=params)
+    with pytest.raises(Exception, match="match_cast"):  # onnxruntime refuses it too
+        exe(rng.uniform(0.5, 1.5, (1, 2, 9, 8)).astype(np.float32))

@@ -25,9 +25,10 @@ converter (returns ``None``) whenever its preconditions do not hold:
   maps coordinates with ``in / out``). A scale ``p / q`` gives ``in // q * p``, exact as ONNX
   has it where ``q`` divides ``in``, which a ``match_cast`` checks at run time;
 * ``Concat`` of tensors whose other dims TVM cannot prove equal (a U-Net's upsampled
-  ``h // 4 * 2`` beside its skip connection's ``h // 2``): TVM gives the result no shape, and
-  a later ``Resize`` fails. Those dims are unified by a ``match_cast`` of the inputs (a
-  run-time check, where onnxruntime fails on such sizes too).
+  ``h // 4 * 2`` beside its skip connection's ``h // 2``), and a binary elementwise op of two
+  such tensors (DLA's residual adds): TVM gives the result no shape, and a later ``Resize``
+  or ``MaxPool`` fails. Those dims are unified by a ``match_cast`` of the inputs (a run-time
+  check, where onnxruntime fails on such sizes too).
 
 Like TVM's importer where it uses ``assume_inbound``, the overrides assume what the export's
 trace implies: slice bounds within their axis, non-negative run-time pads.
@@ -445,28 +446,50 @@ def _text(value) -> str:
 
 def _concat(bb, inputs, attr, params, fallback):
     """``Concat`` of tensors whose dims off the axis TVM cannot prove equal: each such dim is
-    unified (a static one where there is one, else the first that is not a plain variable), the
-    inputs ``match_cast`` to it, and the concat left to TVM."""
+    unified (:func:`_unified`), and the concat left to TVM."""
     shapes = [_dims(x) for x in inputs]
     if not shapes or any(s is None for s in shapes) or len({len(s) for s in shapes}) != 1:
         return None
     rank = len(shapes[0])
-    axis = attr.get("axis", 0) % rank if rank else 0
+    cast = _unified(bb, inputs, shapes, attr.get("axis", 0) % rank if rank else None)
+    return None if cast is None else fallback(bb, cast, attr, params)
+
+
+def _elementwise(bb, inputs, attr, params, fallback):
+    """A binary elementwise op (``Add``, ``Mul``...) of two tensors of one rank whose dims TVM
+    cannot prove equal, none of them a static 1 (a broadcast): DLA's residual adds a strided
+    conv's ``(h - 1) // 4 + 1`` rows to a max pool's ``(h - 3) // 4 + 1``, equal for the sizes
+    the model takes. TVM gave the sum no shape, and the next ``MaxPool`` failed. The dims are
+    unified (:func:`_unified`; onnxruntime fails on sizes where they differ), the op left to
+    TVM."""
+    shapes = [_dims(x) for x in inputs]
+    if len(inputs) != 2 or any(s is None for s in shapes) or len(shapes[0]) != len(shapes[1]):
+        return None
+    if any(_static(d) and int(d) == 1 for s in shapes for d in s):
+        return None
+    cast = _unified(bb, inputs, shapes, None)
+    return None if cast is None else fallback(bb, cast, attr, params)
+
+
+def _unified(bb, inputs, shapes, axis):
+    """``inputs`` ``match_cast`` so that their dims (but on ``axis``) are the same expressions,
+    or None where TVM proves them equal already. Each dim is a static one where there is one,
+    else the first that is not a plain variable: TVM's CanonicalizeBindings substitutes ``h ->
+    h // 4 * 4`` from a match_cast to a variable that the other dim is an expression of, without
+    end (a segfault). The casts check the sizes at run time."""
+    rank = len(shapes[0])
     analyzer = _shape_analyzer(*(d for s in shapes for d in s))
     unified = list(shapes[0])
+    changed = False
     for k in range(rank):
         column = [s[k] for s in shapes]
         if k == axis or all(analyzer.can_prove_equal(column[0], d) for d in column[1:]):
             continue
-        # Not a variable that another dim is an expression of: TVM's CanonicalizeBindings
-        # substitutes ``h -> h // 4 * 4`` from such a match_cast without end (a segfault).
-        ranked = [d for d in column if _static(d)] + [
-            d for d in column if not isinstance(d, tirx.Var)
-        ]
+        ranked = [d for d in column if _static(d)]
+        ranked += [d for d in column if not isinstance(d, tirx.Var)]
         unified[k] = (ranked or column)[0]
-    if all(unified[k].same_as(shapes[0][k]) for k in range(rank) if k != axis) and all(
-        analyzer.can_prove_equal(unified[k], s[k]) for s in shapes for k in range(rank) if k != axis
-    ):
+        changed = True
+    if not changed:
         return None
     cast = []
     for x, shape in zip(inputs, shapes):
@@ -474,13 +497,14 @@ def _concat(bb, inputs, attr, params, fallback):
         if any(not analyzer.can_prove_equal(a, b) for a, b in zip(want, shape)):
             x = bb.match_cast(x, relax.TensorType(want, x.ty.dtype))
         cast.append(x)
-    return fallback(bb, cast, attr, params)
+    return cast
 
 
 OVERRIDES = {
     "Cast": _cast,
     "Resize": _resize,
     "Concat": _concat,
+    **{op: _elementwise for op in ("Add", "Sub", "Mul", "Div", "Max", "Min")},
     "Range": _range,
     "Slice": _slice,
     "Gather": _gather,
