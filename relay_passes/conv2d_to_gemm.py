@@ -97,8 +97,10 @@ class Conv2dToGemm:
         transposed convs whose taps overlap more are left to the sub-pixel rewrite
         (:mod:`.conv_transpose`).
     row_tile : int or None
-        Convs over a symbolic batch (a model exported with a dynamic batch) are rewritten too
-        when this is set, all but transposed ones: their rows are padded to whole tiles of
+        Convs over a symbolic batch or image size (a model exported with a dynamic batch,
+        height or width) are rewritten too when this is set, all but transposed ones (and a
+        depthwise one over symbolic image sizes even where its input is not rows yet): their
+        rows are padded to whole tiles of
         ``row_tile`` rows (the bf16 GEMM's row tile), and each GEMM reads its columns from an
         im2col (or grouping) kernel of its own (a GEMM kernel cannot copy a symbolic number of
         bf16 rows, docs/CPU_BF16.md). ``None`` (the default) leaves them to the direct conv.

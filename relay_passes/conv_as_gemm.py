@@ -1,7 +1,8 @@
 """ConvAsGemm: a convolution over symbolic spatial sizes as an explicit im2col and a GEMM.
 
 :class:`.conv1d_as_conv2d.Conv1dAsConv2d` sends static-shape ``conv1d`` to the conv2d paths,
-and those (the conv-to-GEMM rewrite, the direct conv) need static spatial sizes. A
+and the direct conv needs static spatial sizes (the conv-to-GEMM rewrite takes symbolic ones
+only on Zen4/5, see ``leave`` below). A
 ``conv1d`` over a symbolic length (an audio model exported with a dynamic number of samples,
 ConvBERT with a dynamic sequence) or a ``conv2d`` over a symbolic height or width (a CNN
 exported with dynamic image sizes) was TVM's generic loops, which no CPU rule schedules:
@@ -23,7 +24,8 @@ provably whole tiles of symbolic rows, runs on the bf16 (or fp32) GEMM kernels r
 columns in place (padded by :class:`.symbolic_rows.PadSymbolicRows`, they were copied once
 more: 0.34 of wav2vec 2.0's 4.2 ms), and the gather is one vectorised copy of channel
 vectors. The index arithmetic is takes from ``arange`` grids: a ``match_cast`` typing it made
-TVM segfault (``TypeMutator``).
+TVM segfault (``TypeMutator``). Where :class:`.conv2d_to_gemm.Conv2dToGemm` runs bf16 convs
+over symbolic sizes on NHWC rows (Zen4/5, ``leave``), this pass leaves them to it.
 
 The columns take ``kh * kw / (sy * sx)`` times the input's memory: for wav2vec 2.0's
 positional conv (128 taps, stride 1), 128 times. A depthwise conv (ConvBERT's) becomes GEMMs
