@@ -53,6 +53,7 @@ _PERMUTE = tvm.ir.Op.get("relax.permute_dims")
 _CONCAT = tvm.ir.Op.get("relax.concat")
 _MEAN = tvm.ir.Op.get("relax.mean")
 _RESIZE = tvm.ir.Op.get("relax.image.resize2d")
+_SLICE = tvm.ir.Op.get("relax.strided_slice")
 _POOLS = {tvm.ir.Op.get("relax.nn.max_pool2d"): "max", tvm.ir.Op.get("relax.nn.avg_pool2d"): "avg"}
 
 
@@ -217,6 +218,8 @@ def rows_call(
         return _pool(bb, value, first)
     if value.op == _RESIZE:
         return _resize(bb, value, first)
+    if value.op == _SLICE:
+        return _channel_slice(bb, value, first)
     return None
 
 
@@ -517,3 +520,24 @@ class _Image:
 def _expr(size) -> tirx.PrimExpr:
     """A size as a PrimExpr (TOPI's resize calls ``.astype`` on them)."""
     return tirx.IntImm("int64", size) if isinstance(size, int) else size
+
+
+def _channel_slice(bb, call: relax.Call, data: Rows) -> Rows | None:
+    """A slice of the channels (unit stride), as a slice of the rows' columns: GhostNet's
+    ``cat([x1, x2], 1)[:, :out]`` sent its rows back to NCHW and to rows again at each ghost
+    module (1.6x onnxruntime's time under dynamic image sizes)."""
+    ints = []
+    for field in call.args[1:]:
+        values = [v if isinstance(v, tirx.IntImm) else getattr(v, "value", None) for v in field]
+        if not all(isinstance(v, tirx.IntImm) for v in values):
+            return None
+        ints.append([int(v) for v in values])
+    axes, begins, ends = ints[:3]
+    strides = ints[3] if len(ints) > 3 else [1] * len(axes)
+    if [a % 4 for a in axes] != [1] or strides != [1]:
+        return None
+    begin, end = (max(0, min(v + data.c if v < 0 else v, data.c)) for v in (begins[0], ends[0]))
+    if end <= begin:
+        return None
+    out = bb.emit(relax.op.strided_slice(data.flat(bb), [1], [begin], [end]))
+    return Rows(out, data.n, data.h, data.w, end - begin, tile=data.tile)
