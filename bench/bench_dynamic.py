@@ -12,9 +12,10 @@
 - ONNX exports with dynamic axes, as ``torch.onnx.export(dynamic_axes=...)`` and Hugging Face
   exports make them: tiny ``transformers`` models (2 layers, width 256, random weights) with a
   symbolic batch and sequence (or number of audio samples), ViT and a small CNN with a
-  symbolic batch, and the CNN with a symbolic batch, height and width; torchvision and timm
-  image classifiers (:data:`VISION`, when those packages are installed; random weights, 128
-  px) with a symbolic batch. Each is imported
+  symbolic batch, and the CNN and a small U-Net with a symbolic batch, height and width;
+  torchvision and timm image classifiers (:data:`VISION`, when those packages are installed;
+  random weights, 128 px) with a symbolic batch, and torchvision classifiers and segmentation
+  models (:data:`DYNAMIC_SIZE`) with a symbolic batch, height and width. Each is imported
   with its symbolic axes and with a static ``shape_dict``, built at O2 bf16, and timed beside
   onnxruntime fp32 (one intra-op thread). Errors are against onnxruntime at two sizes for
   the symbolic build.
@@ -23,7 +24,8 @@ All variants of a row are timed in one process with ``paired_medians``.
 
 Run: TVM_NUM_THREADS=1 python bench/bench_dynamic.py [--threads 1] [--repeat 9]
      [--sections rows moe onnx] [--models MODEL ...]
-     (the image classifiers: --sections onnx --models tv_resnet18 ... poolformer_s12)
+     (the image classifiers: --sections onnx --models tv_resnet18 ... poolformer_s12;
+      with dynamic image sizes: --models "tv_resnet18, dynamic size" ...)
 """
 
 from __future__ import annotations
@@ -193,6 +195,18 @@ VISION = [
     "poolformer_s12",
 ]
 EXPORTS.update({name: (None, None, None, "vision") for name in VISION})
+# Exported with a dynamic batch, height and width ("<name>, dynamic size"), as detection and
+# segmentation models are: torchvision classifiers and segmentation models ("seg_" names,
+# 5 classes), and a small U-Net (torch only).
+DYNAMIC_SIZE = [
+    "tv_resnet18",
+    "tv_mobilenet_v3_small",
+    "tv_efficientnet_b0",
+    "seg_lraspp_mobilenet_v3_large",
+    "seg_deeplabv3_mobilenet_v3_large",
+]
+EXPORTS.update({f"{name}, dynamic size": (None, None, None, "vision_hw") for name in DYNAMIC_SIZE})
+EXPORTS["U-Net, dynamic size"] = (None, None, None, "unet_hw")
 # input kind -> (input name, dynamic axes, the timed shape, a second shape checked)
 _INPUTS = {
     "text": ("input_ids", {0: "batch", 1: "seq"}, (2, 128), (3, 77)),
@@ -201,6 +215,8 @@ _INPUTS = {
     "cnn": ("x", {0: "batch"}, (2, 3, 112, 112), (3, 3, 112, 112)),
     "cnn_hw": ("x", {0: "batch", 2: "height", 3: "width"}, (2, 3, 112, 112), (1, 3, 64, 96)),
     "vision": ("x", {0: "batch"}, (2, 3, 128, 128), (3, 3, 128, 128)),
+    "vision_hw": ("x", {0: "batch", 2: "height", 3: "width"}, (2, 3, 128, 128), (1, 3, 96, 160)),
+    "unet_hw": ("x", {0: "batch", 2: "height", 3: "width"}, (2, 3, 128, 128), (1, 3, 96, 160)),
 }
 
 
@@ -223,11 +239,60 @@ def _cnn() -> torch.nn.Module:
     return model
 
 
+class _UNet(torch.nn.Module):
+    """A small U-Net: three levels (16, 32, 64 channels), max-pool downsampling, bilinear and
+    nearest upsampling, skip connections concatenated."""
+
+    def __init__(self, width: int = 16):
+        super().__init__()
+        nn = torch.nn
+
+        def block(ci, co):
+            return nn.Sequential(
+                nn.Conv2d(ci, co, 3, padding=1, bias=False),
+                nn.BatchNorm2d(co),
+                nn.ReLU(),
+                nn.Conv2d(co, co, 3, padding=1),
+                nn.ReLU(),
+            )
+
+        c = width
+        self.d1, self.d2, self.d3 = block(3, c), block(c, 2 * c), block(2 * c, 4 * c)
+        self.u2, self.u1 = block(6 * c, 2 * c), block(3 * c, c)
+        self.head = nn.Conv2d(c, 2, 1)
+
+    def forward(self, x):
+        pool, up = torch.nn.functional.max_pool2d, torch.nn.functional.interpolate
+        a = self.d1(x)
+        b = self.d2(pool(a, 2))
+        c = self.d3(pool(b, 2))
+        u = self.u2(torch.cat([up(c, scale_factor=2.0, mode="bilinear"), b], 1))
+        return self.head(self.u1(torch.cat([up(u, scale_factor=2.0, mode="nearest"), a], 1)))
+
+
+class _SegmentationOutput(torch.nn.Module):
+    """A torchvision segmentation model's ``out`` map."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        return self.model(x)["out"]
+
+
 def _vision(name: str) -> torch.nn.Module:
-    """Model ``name`` of :data:`VISION`, random weights, its batch-norm statistics randomised
-    (so that the norms are not identities)."""
+    """Model ``name`` of :data:`VISION` or :data:`DYNAMIC_SIZE`, random weights, its
+    batch-norm statistics randomised (so that the norms are not identities)."""
     torch.manual_seed(0)
-    if name.startswith("tv_"):
+    if name.startswith("seg_"):
+        import torchvision.models.segmentation
+
+        builder = getattr(torchvision.models.segmentation, name[4:])
+        options = {} if "lraspp" in name else {"aux_loss": False}
+        model = builder(weights=None, weights_backbone=None, num_classes=5, **options)
+        model = _SegmentationOutput(model)
+    elif name.startswith("tv_"):
         import torchvision.models
 
         options = {"aux_logits": False, "init_weights": True} if name == "tv_googlenet" else {}
@@ -236,6 +301,11 @@ def _vision(name: str) -> torch.nn.Module:
         import timm
 
         model = timm.create_model(name, pretrained=False)
+    return _randomised_norms(model)
+
+
+def _randomised_norms(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` in eval mode with its batch-norm statistics randomised."""
     for module in model.modules():
         if isinstance(module, torch.nn.BatchNorm2d):
             module.running_mean.uniform_(-0.2, 0.2)
@@ -249,8 +319,11 @@ def _export(name: str, path: str) -> str:
     config_name, model_name, arguments, kind = EXPORTS[name]
     if kind in ("cnn", "cnn_hw"):
         model = _cnn()
-    elif kind == "vision":
-        model = _vision(name)
+    elif kind in ("vision", "vision_hw"):
+        model = _vision(name.split(",")[0])
+    elif kind == "unet_hw":
+        torch.manual_seed(0)
+        model = _randomised_norms(_UNet())
     else:
         import transformers
 
@@ -336,9 +409,9 @@ def main() -> None:
         "--models",
         nargs="+",
         choices=list(EXPORTS),
-        default=[name for name in EXPORTS if name not in VISION],
+        default=[name for name, spec in EXPORTS.items() if spec[3] not in ("vision", "vision_hw")],
         metavar="MODEL",
-        help=f"the ONNX exports to run (default all but the torchvision/timm ones: "
+        help="the ONNX exports to run (default all but the torchvision/timm ones: "
         f"{', '.join(EXPORTS)})",
     )
     args = parser.parse_args()
