@@ -24,6 +24,8 @@ converter (returns ``None``) whenever its preconditions do not hold:
   reads them as ints) or by constant scales (TVM computes ``int64(float(in) * scale)`` and
   maps coordinates with ``in / out``). A scale ``p / q`` gives ``in // q * p``, exact as ONNX
   has it where ``q`` divides ``in``, which a ``match_cast`` checks at run time;
+* ``MaxPool`` and ``AveragePool`` (not counting its padding) with ``ceil_mode`` over symbolic
+  sizes, as floor mode with more end padding where that is the same (:func:`_pool`);
 * ``Concat`` of tensors whose other dims TVM cannot prove equal (a U-Net's upsampled
   ``h // 4 * 2`` beside its skip connection's ``h // 2``), and a binary elementwise op of two
   such tensors (DLA's residual adds): TVM gives the result no shape, and a later ``Resize``
@@ -500,10 +502,37 @@ def _unified(bb, inputs, shapes, axis):
     return cast
 
 
+def _pool(bb, inputs, attr, params, fallback):
+    """``MaxPool`` (or ``AveragePool`` not counting its padding) with ``ceil_mode`` over
+    symbolic sizes, as floor mode with the end padding grown by ``stride - 1``, where that is
+    the same: where no last window can start past the input (PyTorch and onnxruntime drop such
+    a window), i.e. the end padding is at most ``kernel - stride``. Relax types a ceil-mode
+    output over a symbolic size with an ``if_then_else`` that no later pass can carry (FuseOps
+    failed: "Cannot find the FInferType attribute registered to op: prim.if_then_else",
+    torchvision's GoogLeNet exported with dynamic sizes)."""
+    dims = _dims(inputs[0])
+    if not attr.get("ceil_mode", 0) or dims is None or all(_static(d) for d in dims[2:]):
+        return None
+    if _text(attr.get("auto_pad", b"NOTSET")) != "NOTSET" or attr.get("count_include_pad", 0):
+        return None
+    kernel = list(attr["kernel_shape"])
+    rank = len(kernel)
+    strides = list(attr.get("strides", [1] * rank))
+    dilations = list(attr.get("dilations", [1] * rank))
+    pads = list(attr.get("pads", [0] * 2 * rank))
+    span = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
+    if any(pads[rank + i] > span[i] - strides[i] for i in range(rank)):
+        return None
+    grown = pads[:rank] + [pads[rank + i] + strides[i] - 1 for i in range(rank)]
+    return fallback(bb, inputs, {**attr, "ceil_mode": 0, "pads": grown}, params)
+
+
 OVERRIDES = {
     "Cast": _cast,
     "Resize": _resize,
     "Concat": _concat,
+    "MaxPool": _pool,
+    "AveragePool": _pool,
     **{op: _elementwise for op in ("Add", "Sub", "Mul", "Div", "Max", "Min")},
     "Range": _range,
     "Slice": _slice,
