@@ -477,3 +477,32 @@ def test_ceil_mode_pooling_over_symbolic_sizes(rng, op, pads):
     x = rng.uniform(0.5, 1.5, (1, 2, 23, 20)).astype(np.float32)
     ref = run_ort(model, x=x)
     np.testing.assert_allclose(np.asarray(exe(x)), ref, rtol=0, atol=2e-2 * np.abs(ref).max())
+
+
+@pytest.mark.parametrize(
+    "bounds", [(0.0, 6.0), (None, 1.0), (float("nan"), 0.5)], ids=["relu6", "max only", "nan min"]
+)
+def test_clip_by_constant_bounds_is_one_clip(rng, bounds):
+    # torch's ReLU6 exports Clip(x, min, max) with scalar initializers; TVM emitted a TE maximum
+    # and minimum, which the CPU conv rewrite's NHWC rows cannot follow (MobileNetV2 went back
+    # to NCHW at every block: 2.6x onnxruntime's time with dynamic sizes, 2.2x static).
+    inits, names = [], []
+    for name, value in zip(("lo", "hi"), bounds):
+        if value is None:
+            names.append("")
+            continue
+        inits.append(nh.from_array(np.array(value, np.float32), name))
+        names.append(name)
+    model = _image_model([h.make_node("Clip", ["x", *names], ["y"])], inits, ["batch", 2, "h", "w"])
+    mod, _ = tvmamp.from_onnx(model)
+    ops = [e.op.name for e in _calls(mod["main"]) if isinstance(e.op, tvm.ir.Op)]
+    assert ops == ["relax.clip"], ops
+    _check_two_sizes(model, [(2, 2, 5, 4), (1, 2, 3, 7)], rng)
+
+
+def _calls(func):
+    found = []
+    tvm.relax.analysis.post_order_visit(
+        func, lambda e: found.append(e) if isinstance(e, tvm.relax.Call) else None
+    )
+    return found

@@ -506,6 +506,7 @@ _SHAPE_SLOTS = {
     "Pad": (1, 2, 3),
     "Resize": (1, 2, 3),
     "Upsample": (1,),
+    "Clip": (1, 2),  # scalar bounds: a constant clip (ReLU6) stays one op, not two TE calls
     "ConstantOfShape": (0,),
     "TopK": (1,),
     "Unsqueeze": (1,),

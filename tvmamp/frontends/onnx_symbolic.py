@@ -24,6 +24,7 @@ converter (returns ``None``) whenever its preconditions do not hold:
   reads them as ints) or by constant scales (TVM computes ``int64(float(in) * scale)`` and
   maps coordinates with ``in / out``). A scale ``p / q`` gives ``in // q * p``, exact as ONNX
   has it where ``q`` divides ``in``, which a ``match_cast`` checks at run time;
+* ``Clip`` by constant bounds as one ``relax.op.clip`` (TVM emits two TE calls);
 * ``MaxPool`` and ``AveragePool`` (not counting its padding) with ``ceil_mode`` over symbolic
   sizes, as floor mode with more end padding where that is the same (:func:`_pool`);
 * ``Concat`` of tensors whose other dims TVM cannot prove equal (a U-Net's upsampled
@@ -527,11 +528,38 @@ def _pool(bb, inputs, attr, params, fallback):
     return fallback(bb, inputs, {**attr, "ceil_mode": 0, "pads": grown}, params)
 
 
+def _clip(bb, inputs, attr, params, fallback):
+    """``Clip`` by constant scalar bounds (inputs, or attributes before opset 11; or none) as
+    ``relax.op.clip``: TVM emits a TE ``maximum`` and ``minimum`` call, which the NHWC rows of
+    the CPU conv rewrite cannot follow (MobileNetV2's ReLU6 sent every block back to NCHW:
+    2.6x onnxruntime's time with dynamic image sizes). A NaN bound is no bound, as onnxruntime
+    has it."""
+    bounds = []
+    for index, default in ((1, -np.inf), (2, np.inf)):
+        name = "min" if index == 1 else "max"
+        if name in attr:  # Clip-1 and Clip-6: attributes
+            bounds.append(float(attr[name]))
+            continue
+        bound = _constant(params, inputs, index)
+        if bound is None:
+            bounds.append(default)
+            continue
+        if not isinstance(bound, tvm.ir.GenericConst) or bound.value.numpy().size != 1:
+            return None
+        value = float(bound.value.numpy().reshape(()))
+        bounds.append(default if np.isnan(value) else value)
+    ty = getattr(inputs[0], "ty", None)
+    if not isinstance(ty, relax.TensorType) or not str(ty.dtype).startswith(("float", "bfloat")):
+        return None
+    return relax.op.clip(inputs[0], *bounds)
+
+
 OVERRIDES = {
     "Cast": _cast,
     "Resize": _resize,
     "Concat": _concat,
     "MaxPool": _pool,
+    "Clip": _clip,
     "AveragePool": _pool,
     **{op: _elementwise for op in ("Add", "Sub", "Mul", "Div", "Max", "Min")},
     "Range": _range,
