@@ -351,8 +351,7 @@ def _conv(bb, inputs, attr, params, fallback):
     """``Conv`` with ``auto_pad`` SAME_UPPER or SAME_LOWER over static spatial sizes, with its
     pads computed here: TVM pads such an input with a kernel of its own (timm's ConvMixer
     exports ``padding="same"`` so), which the conv-to-GEMM rewrite cannot follow."""
-    mode = attr.get("auto_pad", b"NOTSET")
-    mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+    mode = _text(attr.get("auto_pad", b"NOTSET"))
     dims, kernel = _dims(inputs[0]), _dims(inputs[1])
     if mode not in ("SAME_UPPER", "SAME_LOWER") or dims is None or kernel is None:
         return None
@@ -535,8 +534,7 @@ def _clip(bb, inputs, attr, params, fallback):
     2.6x onnxruntime's time with dynamic image sizes). A NaN bound is no bound, as onnxruntime
     has it."""
     bounds = []
-    for index, default in ((1, -np.inf), (2, np.inf)):
-        name = "min" if index == 1 else "max"
+    for index, name, default in ((1, "min", -np.inf), (2, "max", np.inf)):
         if name in attr:  # Clip-1 and Clip-6: attributes
             bounds.append(float(attr[name]))
             continue
