@@ -6,6 +6,17 @@ import tvm
 from tvm import relax
 
 
+def op_names(mod: tvm.IRModule) -> list[str]:
+    """The names of the ops ``main`` of ``mod`` calls, in post order (``relax.call_tir`` for
+    a kernel)."""
+    names = []
+    relax.analysis.post_order_visit(
+        mod["main"],
+        lambda e: names.append(e.op.name) if isinstance(e, relax.Call) else None,
+    )
+    return names
+
+
 def unary_module(op, shape, dtype: str = "float32") -> tvm.IRModule:
     """``main(x) = op(x)`` for one input ``x`` of ``shape`` and ``dtype``."""
     bb = relax.BlockBuilder()

@@ -14,6 +14,7 @@ from onnx import TensorProto as TP  # noqa: E402
 from onnx import helper as h  # noqa: E402
 from onnx import numpy_helper as nh  # noqa: E402
 from onnx_graphs import onnx_model, resize_by_shape, run_ort  # noqa: E402
+from relax_modules import op_names  # noqa: E402
 
 TARGET = "llvm -num-cores=1"
 END = np.iinfo(np.int64).max
@@ -495,14 +496,6 @@ def test_clip_by_constant_bounds_is_one_clip(rng, bounds):
         names.append(name)
     model = _image_model([h.make_node("Clip", ["x", *names], ["y"])], inits, ["batch", 2, "h", "w"])
     mod, _ = tvmamp.from_onnx(model)
-    ops = [e.op.name for e in _calls(mod["main"]) if isinstance(e.op, tvm.ir.Op)]
+    ops = op_names(mod)
     assert ops == ["relax.clip"], ops
     _check_two_sizes(model, [(2, 2, 5, 4), (1, 2, 3, 7)], rng)
-
-
-def _calls(func):
-    found = []
-    tvm.relax.analysis.post_order_visit(
-        func, lambda e: found.append(e) if isinstance(e, tvm.relax.Call) else None
-    )
-    return found

@@ -4,6 +4,7 @@ become an im2col gather and a GEMM."""
 import numpy as np
 import pytest
 import tvm
+from relax_modules import op_names
 from tolerances import assert_close, tolerance
 from tvm import relax
 
@@ -63,14 +64,6 @@ def _conv1d(x, weight, stride, padding, dilation, groups):
     return out
 
 
-def _ops(mod):
-    names = []
-    relax.analysis.post_order_visit(
-        mod["main"], lambda e: names.append(e.op.name) if isinstance(e, relax.Call) else None
-    )
-    return names
-
-
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("level", ["O0", "O2"])
 def test_symbolic_length_conv1d_matches_numpy(case, level):
@@ -79,7 +72,7 @@ def test_symbolic_length_conv1d_matches_numpy(case, level):
     channels, filters, taps, stride, padding, dilation, groups = CASES[case]
     length = tvm.tirx.Var("w", "int64")
     mod, weight = _conv_module(length, channels, filters, taps, stride, padding, dilation, groups)
-    ops = _ops(ConvAsGemm()(mod))
+    ops = op_names(ConvAsGemm()(mod))
     assert "relax.nn.conv1d" not in ops and "relax.matmul" in ops
     kernels = run_front_phases(tvmamp.convert(mod, level, TARGET)).functions_items()
     names = [gvar.name_hint for gvar, func in kernels if isinstance(func, tvm.tirx.PrimFunc)]

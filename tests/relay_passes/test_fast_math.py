@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 import tvm
-from relax_modules import unary_module
+from relax_modules import op_names, unary_module
 from tolerances import assert_close, tolerance
 from tvm import relax
 
@@ -32,14 +32,6 @@ def _module(dtype):
     return bb.get()
 
 
-def _ops(mod):
-    names = []
-    relax.analysis.post_order_visit(
-        mod["main"], lambda e: names.append(e.op.name) if isinstance(e, relax.Call) else None
-    )
-    return names
-
-
 def test_fp32_ops_are_left_exact():
     mod = _module("float32")
     tvm.ir.assert_structural_equal(LowPrecisionFastMath()(mod), mod)
@@ -48,7 +40,7 @@ def test_fp32_ops_are_left_exact():
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_low_ops_become_fast_kernels(dtype):
     after = LowPrecisionFastMath()(_module(dtype))
-    ops = _ops(after)
+    ops = op_names(after)
     assert not {"relax.nn.gelu", "relax.nn.softmax", "relax.exp", "relax.tanh"} & set(ops)
     fast = sorted(gv.name_hint for gv in after.get_global_vars() if gv.name_hint.endswith("_fast"))
     assert fast == ["exp_fast", "gelu_fast", "softmax_fast", "tanh_fast"]
@@ -228,7 +220,7 @@ def test_softmax_along_any_axis_is_a_kernel_over_the_last(op, ref, axis, level):
     kernels = [gv.name_hint for gv in mod.get_global_vars() if gv.name_hint != "main"]
     name = "log_softmax_fast" if op is relax.op.nn.log_softmax else "softmax_fast"
     assert kernels == [name], kernels
-    ops = [e.op.name for e in _calls(mod["main"]) if isinstance(e.op, tvm.ir.Op)]
+    ops = op_names(mod)
     moved = axis % len(shape) != len(shape) - 1
     assert ops.count("relax.permute_dims") == (2 if moved else 0), ops
     x = np.random.default_rng(axis + 7).uniform(-20, 20, shape).astype("float32")
@@ -236,14 +228,6 @@ def test_softmax_along_any_axis_is_a_kernel_over_the_last(op, ref, axis, level):
     expected = ref(x, axis)
     dtype = "float32" if level == "O0" else "bfloat16"
     assert_close(out, expected, **tolerance(dtype, np.abs(expected).max()), what=f"{level}")
-
-
-def _calls(func):
-    found = []
-    relax.analysis.post_order_visit(
-        func, lambda e: found.append(e) if isinstance(e, relax.Call) else None
-    )
-    return found
 
 
 SAFE_SHAPE = (2, 3, 8, 48)
@@ -276,7 +260,7 @@ def _safe_softmax_module(cast=None, fill=float("-inf"), max_axis=-1, zeros_shape
 def test_safe_softmax_becomes_one_kernel(cast):
     """The ``all(x == -inf)`` check is the softmax kernel's own row max: no second reduction."""
     after = FastMath()(_safe_softmax_module(cast))
-    ops = set(_ops(after))
+    ops = set(op_names(after))
     assert not {"relax.where", "relax.equal", "relax.max", "relax.nn.softmax"} & ops
     (kernel,) = [gv.name_hint for gv in after.get_global_vars() if gv.name_hint != "main"]
     assert kernel.startswith("softmax_fast")
@@ -294,7 +278,7 @@ def test_safe_softmax_becomes_one_kernel(cast):
     ids=["fill", "axis", "broadcast"],
 )
 def test_look_alike_of_safe_softmax_keeps_its_where(module):
-    ops = set(_ops(FastMath()(module)))
+    ops = set(op_names(FastMath()(module)))
     assert {"relax.where", "relax.equal", "relax.max"} <= ops
 
 
