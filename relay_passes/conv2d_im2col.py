@@ -10,7 +10,7 @@ import numpy as np
 from tvm import relax, te, tirx
 from tvm.ir.expr import Constant
 
-from tvmamp.tensors import np_dtype
+from tvmamp.tensors import int_or_expr, np_dtype
 
 from .symbolic_rows import whole_tiles
 
@@ -79,7 +79,7 @@ class Geometry:
         """The geometry of a window ``kernel`` (KH, KW) sliding over NCHW ``data_shape``
         (whose batch, height and width may be symbolic), with output sizes ``out_hw`` where
         given."""
-        n, c, h, w = (dim(d) for d in data_shape)
+        n, c, h, w = (int_or_expr(d) for d in data_shape)
         kh, kw = (int(k) for k in kernel)
         stride = tuple(int(s) for s in strides)
         dilation = tuple(int(d) for d in dilation)
@@ -87,7 +87,7 @@ class Geometry:
         out_h = (h + pad[0] + pad[2] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
         out_w = (w + pad[1] + pad[3] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
         if out_hw:
-            out_h, out_w = (dim(d) for d in out_hw)
+            out_h, out_w = (int_or_expr(d) for d in out_hw)
         return cls(n, int(c), h, w, kh, kw, stride, dilation, pad, out_h, out_w, groups)
 
     @property
@@ -141,11 +141,6 @@ class Geometry:
 def _symbolic(dim) -> bool:
     """Whether a dimension is a PrimExpr other than a constant."""
     return not isinstance(dim, int | tirx.IntImm)
-
-
-def dim(value) -> int | tirx.PrimExpr:
-    """A dimension as an int where it is a constant, else the PrimExpr."""
-    return value if _symbolic(value) else int(value)
 
 
 def divisor(size):

@@ -12,7 +12,7 @@ import tvm
 import tvm_ffi
 from tvm import relax, te, tirx
 
-from tvmamp.tensors import shape_dims, static_shape_but_batch
+from tvmamp.tensors import int_or_expr, shape_dims, static_shape_but_batch
 
 from .conv2d_im2col import Geometry, divisor, emit_pool, reshape
 from .grouped_conv_gemm import emit_channel_permute
@@ -166,7 +166,7 @@ class Rows:
 
 def same_dim(a, b) -> bool:
     """Whether two dimensions (ints, IntImms or PrimExprs) are the same."""
-    a, b = (int(d) if isinstance(d, tirx.IntImm) else d for d in (a, b))
+    a, b = int_or_expr(a), int_or_expr(b)
     if isinstance(a, int) or isinstance(b, int):
         return a == b if isinstance(a, int) and isinstance(b, int) else False
     return bool(tvm_ffi.structural_equal(a, b))

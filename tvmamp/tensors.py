@@ -64,12 +64,18 @@ def static_shape_but_batch(ty) -> tuple | None:
     return (first, *(int(d) for d in dims[1:]))
 
 
+def int_or_expr(dim):
+    """A dimension (an int, an IntImm or a PrimExpr) as an int where it is a constant, else
+    the PrimExpr."""
+    return int(dim) if isinstance(dim, tvm.tirx.IntImm) else dim
+
+
 def shape_dims(ty) -> tuple | None:
     """The shape of a ``relax.TensorType`` as ints where its dimensions are constants and
     PrimExprs where they are symbolic; None where the shape is unknown."""
     if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
         return None
-    return tuple(int(d) if isinstance(d, tvm.tirx.IntImm) else d for d in ty.shape.values)
+    return tuple(int_or_expr(d) for d in ty.shape.values)
 
 
 def check_array(array, name: str, ty, component: str) -> np.ndarray:
