@@ -3,14 +3,16 @@
 The phases keep the names TVM gives its own backends (``tvm/relax/backend/cpu_generic/
 pipeline.py``); each is a function returning passes, run in order under ``with target:``:
 
-1. :func:`library_dispatch_passes`: the target entry's partitioning (BYOC, layout and padding
-   rewrites, fast math), then TVM's sampling and sort/scan dispatch;
+1. :func:`library_dispatch_passes`: the input-size conditions of the convs and pools, the
+   target entry's partitioning (BYOC, layout and padding rewrites, fast math), then TVM's
+   sampling and sort/scan dispatch;
 2. :func:`legalize_passes`: legalize Relax ops to TIR, fold constants, fuse kernels.
    Phases 1-2 are :func:`front_phases`: the kernels tuning sees and a tuning log is checked
    against;
 3. :func:`schedule_passes`: tuned kernels from a meta_schedule database, then the target's
    default schedules (dlight rules from ``schedules/``);
-4. :func:`dataflow_lower_passes`: dataflow blocks to ordinary bindings, ``call_tir`` lowered;
+4. :func:`dataflow_lower_passes`: dataflow blocks to ordinary bindings, the input-size check
+   first in each public function, ``call_tir`` lowered;
 5. :func:`finalize_passes`: memory planning and VM lowering, then the target entry's last word
    (on CPUs the feature guard of ``targets/cpu_guard.py``).
 
@@ -32,6 +34,7 @@ from tvm import relax
 from tvmamp.conversion import Converted
 from tvmamp.executable import Executable
 from tvmamp.relay_passes import low_reductions, nan_ops, symbolic_reshape
+from tvmamp.relay_passes.size_checks import CollectSizeChecks, InsertSizeChecks
 from tvmamp.relay_passes.size_params import SizeParamsAsShapes
 from tvmamp.relay_passes.symbolic_order import OrderShapeDefinitions
 from tvmamp.targets.registry import derived_pass_context
@@ -61,8 +64,10 @@ def instrumentation_hooks() -> tuple[InstrumentationHook, ...]:
 
 
 def library_dispatch_passes(target, entry, policy) -> list:
-    """Phase 1: the target entry's partition passes, then TVM's library dispatch."""
+    """Phase 1: the input-size conditions of the convs and pools (checked from phase 4 on),
+    the target entry's partition passes, then TVM's library dispatch."""
     return [
+        CollectSizeChecks(),
         *entry.partition_passes(target, policy),
         relax.backend.DispatchSampling(),
         relax.backend.DispatchSortScan(),
@@ -107,11 +112,13 @@ def schedule_passes(target, entry, database=None) -> list:
 
 
 def dataflow_lower_passes() -> list:
-    """Phase 4: dataflow blocks to ordinary bindings, ``call_tir`` to destination passing."""
+    """Phase 4: dataflow blocks to ordinary bindings, the input-size check first in each public
+    function, ``call_tir`` to destination passing."""
     return [
         relax.transform.RewriteDataflowReshape(),
         relax.transform.ToNonDataflow(),
         relax.transform.RemovePurityChecking(),
+        InsertSizeChecks(),
         relax.transform.CallTIRRewrite(),
     ]
 

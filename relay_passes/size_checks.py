@@ -1,0 +1,270 @@
+"""Run-time checks that an input is large enough for every conv and pool over symbolic sizes.
+
+A model imported with symbolic image sizes (ONNX ``dynamic_axes``, ``torch.export`` dynamic
+shapes) gives each conv and pool an output size such as ``(h - 3) // 2 + 1``. On an input too
+small for a window that size is zero or negative: TVM allocates an empty tensor, the kernels loop
+over nothing, and the model returns garbage or NaN (Inception-v3 on a 113 x 67 image returned
+all-NaN logits). torch and onnxruntime raise an error instead; so does a tvmamp build now.
+
+Two passes do it, because the ops are known only before the target's rewrites and an effect can
+be placed only after the purity checks are gone:
+
+- :class:`CollectSizeChecks` runs first in phase 1, on the converted module. For each window op
+  of a public function it keeps the condition ``size >= 1`` of every output size that is neither
+  a size of its input nor provably positive, and whose variables the function's parameters
+  define. The conditions on one size variable that rise with it (sums, positive products and
+  floor divisions by constants, min and max) become one bound, ``h >= smallest``, found by
+  bisection; the others stay as they are. They are kept in the function attribute
+  ``tvmamp.size_checks``.
+- :class:`InsertSizeChecks` runs after ``RemovePurityChecking``: it turns the attribute into a
+  host PrimFunc of ``AssertStmt`` (``ValueError`` with a message naming the input, the axis and
+  the smallest size) and makes calling it the function's first binding. It is native code in the
+  library, so an exported model checks its input with only the TVM runtime loaded, for about the
+  cost of one VM call.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import tvm
+import tvm_ffi
+from tvm import relax, tirx
+from tvm.sym.analyzer import Analyzer, ConstIntBound
+
+from tvmamp.tensors import int_or_expr
+
+ATTR = "tvmamp.size_checks"
+
+_WINDOW_OPS = {
+    f"relax.nn.{kind}{rank}d{suffix}"
+    for kind, suffix in (("conv", ""), ("conv", "_transpose"), ("max_pool", ""), ("avg_pool", ""))
+    for rank in (1, 2, 3)
+}
+_AXES = {3: ("width",), 4: ("height", "width"), 5: ("depth", "height", "width")}
+_LARGEST = 1 << 40  # no image axis is larger; the bisection's upper end
+
+
+def _describe(call: relax.Call) -> str:
+    """``max_pool2d (window 3x3, strides 2x2)``, ``conv2d (kernel 7x7, padding (3, 3, 3, 3))``."""
+    attrs = call.attrs
+    parts = []
+    if hasattr(attrs, "pool_size"):
+        parts.append("window " + "x".join(str(int(v)) for v in attrs.pool_size))
+    else:
+        weight, layout = call.args[1].ty.shape, str(attrs.kernel_layout)
+        if isinstance(weight, relax.ShapeExpr):
+            kernel = [weight.values[layout.index(axis)] for axis in "DHW" if axis in layout]
+            parts.append("kernel " + "x".join(str(int_or_expr(k)) for k in kernel))
+    for field, default in (("strides", 1), ("dilation", 1), ("padding", 0)):
+        values = [int(v) for v in getattr(attrs, field, ())]
+        if any(v != default for v in values):
+            shown = "x".join(map(str, values)) if field != "padding" else str(tuple(values))
+            parts.append(f"{field} {shown}")
+    return f"{call.op.name.rsplit('.', 1)[1]} ({', '.join(parts)})"
+
+
+def _rising(expr, var) -> bool:
+    """Whether ``expr`` is built from ``var`` and constants so that it never falls as ``var``
+    grows: sums, differences with a constant, products and floor divisions by positive
+    constants, min and max."""
+    if isinstance(expr, tirx.IntImm):
+        return True
+    if isinstance(expr, tirx.Var):
+        return expr.same_as(var)
+    if isinstance(expr, tirx.Cast):
+        return _rising(expr.value, var)
+    if isinstance(expr, (tirx.Add, tirx.Min, tirx.Max)):
+        return _rising(expr.a, var) and _rising(expr.b, var)
+    if isinstance(expr, tirx.Sub):
+        return _rising(expr.a, var) and isinstance(expr.b, tirx.IntImm)
+    if isinstance(expr, (tirx.Mul, tirx.FloorDiv)):
+        if isinstance(expr, tirx.Mul) and isinstance(expr.a, tirx.IntImm):
+            scale, term = expr.a, expr.b
+        else:
+            scale, term = expr.b, expr.a
+        return isinstance(scale, tirx.IntImm) and scale.value > 0 and _rising(term, var)
+    return False
+
+
+def _substituted(expr, values: dict):
+    """``expr`` with each variable in ``values`` replaced by its value, simplified."""
+    analyzer = Analyzer()
+    for var, value in values.items():
+        analyzer.bind(var, value)
+    return analyzer.simplify(expr)
+
+
+def _smallest(size, var) -> int | None:
+    """The smallest value of ``var`` at which the rising ``size`` is at least 1 (None where no
+    value up to ``_LARGEST`` is)."""
+
+    def ok(value: int) -> bool:
+        return int(_substituted(size, {var: tirx.IntImm(var.ty.dtype, value)})) >= 1
+
+    if not ok(_LARGEST):
+        return None
+    low, high = 0, _LARGEST  # ok(high); find the first ok
+    while low < high:
+        mid = (low + high) // 2
+        low, high = (low, mid) if ok(mid) else (mid + 1, high)
+    return low
+
+
+def _size_names(func: relax.Function) -> dict:
+    """Size variable -> ``"x.shape[2] (height)"`` for the sizes a parameter's shape binds."""
+    names = {}
+    for param in func.params:
+        shape = getattr(param.ty, "shape", None)
+        if not isinstance(shape, relax.ShapeExpr):
+            continue
+        axes = _AXES.get(len(shape.values), ())
+        offset = len(shape.values) - len(axes)
+        for axis, dim in enumerate(shape.values):
+            if isinstance(dim, tirx.Var) and dim not in names:
+                label = f" ({axes[axis - offset]})" if axis >= offset else ""
+                names[dim] = f"{param.name}.shape[{axis}]{label}"
+    return names
+
+
+def size_checks(func: relax.Function) -> list[tuple]:
+    """``[(condition, message), ...]``: what must hold of ``func``'s input sizes for every conv
+    and pool in it to have a non-empty output. Empty where the sizes are static."""
+    defined = {v for p in func.params for v in relax.analysis.definable_tir_vars_in_type(p.ty)}
+    if not defined:
+        return []
+    analyzer = Analyzer()
+    for var in defined:
+        analyzer.update(var, ConstIntBound(0, ConstIntBound.POS_INF))
+    found = []  # (size, op description), in the order the ops run
+
+    def visit(binding):
+        call = binding.value
+        if not (isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op)):
+            return
+        if call.op.name not in _WINDOW_OPS:
+            return
+        out, data = binding.var.ty.shape, call.args[0].ty.shape
+        if not (isinstance(out, relax.ShapeExpr) and isinstance(data, relax.ShapeExpr)):
+            return
+        for size in out.values:
+            if isinstance(size, tirx.IntImm) or any(
+                tvm_ffi.structural_equal(size, d) for d in data.values
+            ):
+                continue
+            used = set(tirx.analysis.undefined_vars(size))
+            if used <= defined and not analyzer.can_prove(size >= 1):
+                found.append((size, _describe(call)))
+
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            visit(binding)
+    return _merge(found, _size_names(func))
+
+
+def _merge(found: list, names: dict) -> list[tuple]:
+    """One condition for every size variable that each of its sizes rises with (``h >= 11 and
+    w >= 11``), then the other sizes' conditions, one for each distinct size."""
+    bounds: dict = {}  # var -> (smallest, op description)
+    checks, seen = [], []
+    for size, op in found:
+        used = tirx.analysis.undefined_vars(size)
+        if len(used) == 1 and _rising(size, used[0]):
+            var, smallest = used[0], _smallest(size, used[0])
+            if smallest is not None:
+                if var not in bounds or smallest > bounds[var][0]:
+                    bounds[var] = (smallest, op)
+                continue
+        if not any(tvm_ffi.structural_equal(size, s) for s in seen):
+            seen.append(size)
+            message = f"the input is too small for {op}: its output size {size} must be >= 1"
+            checks.append((size >= 1, message))
+    if not bounds:
+        return checks
+    condition = functools.reduce(
+        tirx.And, [var >= smallest for var, (smallest, _) in bounds.items()]
+    )
+    needs = " and ".join(
+        f"{names.get(var, var.name)} at least {smallest}" for var, (smallest, _) in bounds.items()
+    )
+    ops = "; ".join(dict.fromkeys(op for _, op in bounds.values()))
+    message = (
+        f"the input is too small for this model: it needs {needs} (below that, {ops} has an "
+        "empty output)"
+    )
+    return [(condition, message), *checks]
+
+
+@tvm.transform.module_pass(opt_level=0, name="tvmamp.CollectSizeChecks")
+class CollectSizeChecks:
+    """Record each public function's input-size conditions in its ``tvmamp.size_checks``."""
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        updates = {}
+        for gvar, func in mod.functions_items():
+            if isinstance(func, relax.Function) and "global_symbol" in (func.attrs or {}):
+                checks = size_checks(func)
+                if checks:
+                    updates[gvar] = func.with_attr(ATTR, [[c, m] for c, m in checks])
+        if not updates:
+            return mod
+        mod = mod.clone()
+        for gvar, func in updates.items():
+            mod[gvar] = func
+        return mod
+
+
+def _assert(condition, message: str) -> tirx.Stmt:
+    """``assert condition, message`` raising ValueError. (The constructor is called directly:
+    TVM 0.27's ``tirx.AssertStmt.__init__`` passes its first two arguments in the wrong order.)"""
+    kind, parts = tvm.ir.StringImm("ValueError"), [tvm.ir.StringImm(message)]
+    return tirx._ffi_api.AssertStmt(condition, kind, parts, None)  # noqa: SLF001
+
+
+def _check_func(checks, sizes: list) -> tirx.PrimFunc:
+    """A host PrimFunc taking ``sizes`` and asserting each condition."""
+    params = [tirx.Var(v.name, v.ty.dtype) for v in sizes]
+    remap = dict(zip(sizes, params))
+    body = tirx.SeqStmt(
+        [_assert(_substituted(cond, remap), f"tvmamp: {message}") for cond, message in checks]
+        + [tirx.Evaluate(tirx.IntImm("int32", 0))]
+    )
+    func = tirx.PrimFunc(params, body)
+    return func.with_attrs({"tirx.is_host_func": True, "tirx.is_scheduled": True})
+
+
+@tvm.transform.module_pass(opt_level=0, name="tvmamp.InsertSizeChecks")
+class InsertSizeChecks:
+    """Make a call of the ``tvmamp.size_checks`` of each function its first binding. Run it
+    after ``RemovePurityChecking`` (the call has an effect)."""
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        marked = [
+            (gvar, func)
+            for gvar, func in mod.functions_items()
+            if isinstance(func, relax.Function) and ATTR in (func.attrs or {})
+        ]
+        if not marked:
+            return mod
+        builder = relax.BlockBuilder(mod)
+        for gvar, func in marked:
+            checks = [(c, str(m)) for c, m in func.attrs[ATTR]]
+            sizes = sorted(
+                {v for c, _ in checks for v in tirx.analysis.undefined_vars(c)},
+                key=lambda v: v.name,
+            )
+            check = builder.add_func(_check_func(checks, sizes), f"{gvar.name_hint}_size_check")
+            call = builder.normalize(relax.Call(check, list(sizes)))
+            binding = relax.VarBinding(relax.Var("size_check", call.ty), call)
+            body = func.body
+            blocks = list(body.blocks)
+            if blocks and not isinstance(blocks[0], relax.DataflowBlock):
+                blocks[0] = relax.BindingBlock([binding, *blocks[0].bindings])
+            else:
+                blocks.insert(0, relax.BindingBlock([binding]))
+            body = builder.normalize(relax.SeqExpr(blocks, body.body))
+            new = relax.Function(
+                func.params, body, func.ret_ty, func.is_pure, func.attrs, func.span
+            )
+            builder.update_func(gvar, new.without_attr(ATTR))
+        return builder.get()
