@@ -499,3 +499,38 @@ def test_clip_by_constant_bounds_is_one_clip(rng, bounds):
     ops = op_names(mod)
     assert ops == ["relax.clip"], ops
     _check_two_sizes(model, [(2, 2, 5, 4), (1, 2, 3, 7)], rng)
+
+
+def test_pad_to_even_sizes_keeps_the_shape_for_what_follows(rng, tmp_path):
+    # torchvision Swin's PatchMerging at a symbolic image size: F.pad exports its amounts as
+    # Shape arithmetic reshaped to pairs, reversed and transposed into ONNX's order. TVM lost
+    # their values, the result of the block had no shape, and the next stage's Pad failed to
+    # import ("emit_te now only supports Tensor that has ShapeExpr shape").
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+
+    class PatchMerging(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm, self.proj = torch.nn.LayerNorm(8), torch.nn.Linear(8, 3)
+
+        def forward(self, x):  # x: (batch, h, w, 2)
+            x = F.pad(x, (0, 0, 0, x.shape[2] % 2, 0, x.shape[1] % 2))
+            parts = [x[:, 0::2, 0::2], x[:, 1::2, 0::2], x[:, 0::2, 1::2], x[:, 1::2, 1::2]]
+            return self.proj(self.norm(torch.cat(parts, -1)))
+
+    path = tmp_path / "patch_merging.onnx"
+    torch.onnx.export(
+        PatchMerging().eval(),
+        (torch.randn(1, 6, 4, 2),),
+        str(path),
+        input_names=["x"],
+        dynamic_axes={"x": {0: "b", 1: "h", 2: "w"}},
+        dynamo=False,
+    )
+    model = onnx.load(str(path))
+    mod, _ = tvmamp.from_onnx(model)
+    out = mod["main"].ret_ty.shape
+    assert isinstance(out, tvm.relax.ShapeExpr), mod["main"].ret_ty
+    assert "pad_" not in str(out)  # the amounts are the graph's own expressions, no fresh sizes
+    _check_two_sizes(model, [(1, 5, 7, 2), (2, 6, 4, 2)], rng)

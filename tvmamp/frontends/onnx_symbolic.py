@@ -47,6 +47,8 @@ import tvm
 from tvm import relax, tirx
 from tvm.sym import Analyzer, ConstIntBound
 
+from tvmamp.tensors import int_or_expr
+
 # Exporters write INT64_MAX (or INT32_MAX) for "to the end", their negations for "from the start".
 _END = 1 << 31
 
@@ -144,6 +146,56 @@ def _shape_analyzer(*exprs) -> Analyzer:
         for var in tirx.analysis.undefined_vars(expr):
             analyzer.update(var, ConstIntBound(0, ConstIntBound.POS_INF), override=True)
     return analyzer
+
+
+def _symbolic_values(bb, expr):
+    """The elements of a small integer tensor computed from shapes (``shape_to_tensor``, then
+    reshapes, transposes, slices, concats and casts), as a numpy array of ints and PrimExprs;
+    None where it is computed otherwise.
+
+    torch's ``F.pad`` exports its amounts so: ``Shape``, arithmetic, then a reshape to pairs, a
+    reversal and a transpose into ONNX's order, which TVM's importer turns into tensors whose
+    values it no longer knows (torchvision's Swin at a symbolic image size).
+    """
+    while isinstance(expr, relax.Var) and bb.lookup_binding(expr) is not None:
+        expr = bb.lookup_binding(expr)
+    if isinstance(expr, relax.ShapeExpr):
+        return np.array(list(expr.values), dtype=object)
+    if isinstance(expr, tvm.ir.GenericConst):
+        array = expr.value.numpy()
+        return array.astype(object) if array.dtype.kind in "iu" else None
+    if not isinstance(expr, relax.Call) or not isinstance(expr.op, tvm.ir.Op):
+        return None
+    name, args = expr.op.name, expr.args
+    if name == "relax.concat" and isinstance(args[0], relax.Tuple):
+        parts = [_symbolic_values(bb, part) for part in args[0].fields]
+        if any(part is None for part in parts):
+            return None
+        return np.concatenate(parts, axis=int(expr.attrs.axis))
+    values = _symbolic_values(bb, args[0])
+    if values is None:
+        return None
+    if name == "relax.shape_to_tensor":
+        return values
+    if name == "relax.astype":
+        return values if str(expr.attrs.dtype).startswith(("int", "uint")) else None
+    if name == "relax.reshape" and isinstance(args[1], relax.ShapeExpr):
+        shape = [int_or_expr(d) for d in args[1].values]
+        return values.reshape(shape) if all(isinstance(d, int) for d in shape) else None
+    if name == "relax.permute_dims":
+        axes = expr.attrs.axes
+        return values.transpose(None if axes is None else [int(a) for a in axes])
+    if name == "relax.strided_slice":
+        bounds = [[int_or_expr(v) for v in arg] for arg in args[1:]]
+        if len(bounds) == 3:
+            bounds.append([1] * len(bounds[0]))
+        if not all(isinstance(v, int) for arg in bounds for v in arg):
+            return None
+        index = [slice(None)] * values.ndim
+        for axis, begin, end, stride in zip(*bounds):
+            index[axis] = slice(begin, end, stride)
+        return values[tuple(index)]
+    return None
 
 
 def _constant(params, inputs, index):
@@ -330,6 +382,12 @@ def _pad(bb, inputs, attr, params, fallback):
     if pads_ty.ndim != 1 or (_static(length) and int(length) != 2 * rank):
         return None
     value = 0.0 if value is None else value.value.numpy().item()
+    amounts = _symbolic_values(bb, pads)
+    if amounts is not None and amounts.size == 2 * rank:
+        amounts = [_i64(a) for a in amounts.ravel()]
+        analyzer = _shape_analyzer(*amounts)
+        if all(analyzer.can_prove(a >= 0) for a in amounts):
+            return bb.emit_te(topi.nn.pad, data, amounts[:rank], amounts[rank:], value)
     pads = pads if pads_ty.dtype == "int64" else bb.normalize(relax.op.astype(pads, "int64"))
     amounts = list(_tensor_to_shape_expr(bb, pads, 2 * rank, "pad").values)
     return bb.emit_te(topi.nn.pad, data, amounts[:rank], amounts[rank:], value)
