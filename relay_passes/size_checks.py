@@ -144,7 +144,7 @@ def size_checks(func: relax.Function) -> list[tuple]:
             return
         if call.op.name not in _WINDOW_OPS:
             return
-        out, data = binding.var.ty.shape, call.args[0].ty.shape
+        out, data = call.ty.shape, call.args[0].ty.shape  # the op's own (not a cast's)
         if not (isinstance(out, relax.ShapeExpr) and isinstance(data, relax.ShapeExpr)):
             return
         for size in out.values:

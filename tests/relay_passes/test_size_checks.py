@@ -48,6 +48,23 @@ def test_one_bound_for_each_size_at_its_smallest_value():
     assert "max_pool2d (window 3x3, strides 2x2)" in str(message)
 
 
+def test_the_op_size_counts_not_a_cast_of_it():
+    """The importer unifies a skip connection's sizes with a ``match_cast`` of the pool (DLA):
+    the pool's own size ``h // 2`` needs ``h >= 2``, the cast's ``(h - 1) // 2 + 1`` nothing."""
+    h, w = tirx.Var("h", "int64"), tirx.Var("w", "int64")
+    x = relax.Var("x", relax.TensorType([1, 3, h, w], "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            pooled = relax.op.nn.max_pool2d(x, 2, strides=2)
+            cast = relax.TensorType([1, 3, (h - 1) // 2 + 1, (w - 1) // 2 + 1], "float32")
+            out = bb.emit_output(bb.match_cast(pooled, cast))
+        bb.emit_func_output(out)
+    (condition, _), *rest = CollectSizeChecks()(bb.get())["main"].attrs[ATTR]
+    assert not rest
+    tvm.ir.assert_structural_equal(condition, tirx.And(h >= 2, w >= 2))
+
+
 def test_static_sizes_need_no_check():
     before = _conv_pool(32, 32)
     tvm.ir.assert_structural_equal(CollectSizeChecks()(before), before)
