@@ -1,4 +1,5 @@
-"""Run-time checks that an input is large enough for every conv and pool over symbolic sizes.
+"""Run-time checks that an input is large enough for every conv and pool over symbolic sizes,
+and of sizes its layers can join.
 
 A model imported with symbolic image sizes (ONNX ``dynamic_axes``, ``torch.export`` dynamic
 shapes) gives each conv and pool an output size such as ``(h - 3) // 2 + 1``. On an input too
@@ -14,8 +15,11 @@ be placed only after the purity checks are gone:
   a size of its input nor provably positive, and whose variables the function's parameters
   define. The conditions on one size variable that rise with it (sums, positive products and
   floor divisions by constants, min and max) become one bound, ``h >= smallest``, found by
-  bisection; the others stay as they are. They are kept in the function attribute
-  ``tvmamp.size_checks``.
+  bisection; the others stay as they are. Each ``match_cast`` of sizes (the importer's join of a
+  skip connection's two branches, a Resize by a fraction) adds the equality it checks, named by
+  the sizes that satisfy it (``a multiple of 2``, ``0 or 31 modulo 32``), so that the error
+  names them instead of the VM's ``match_cast`` message. They are kept in the function
+  attribute ``tvmamp.size_checks``.
 - :class:`InsertSizeChecks` runs after ``RemovePurityChecking``: it turns the attribute into a
   host PrimFunc of ``AssertStmt`` (``ValueError`` with a message naming the input, the axis and
   the smallest size) and makes calling it the function's first binding. It is native code in the
@@ -129,7 +133,8 @@ def _size_names(func: relax.Function) -> dict:
 
 def size_checks(func: relax.Function) -> list[tuple]:
     """``[(condition, message), ...]``: what must hold of ``func``'s input sizes for every conv
-    and pool in it to have a non-empty output. Empty where the sizes are static."""
+    and pool in it to have a non-empty output, and for the sizes each ``match_cast`` of it
+    checks to agree. Empty where the sizes are static."""
     defined = {v for p in func.params for v in relax.analysis.definable_tir_vars_in_type(p.ty)}
     if not defined:
         return []
@@ -156,10 +161,81 @@ def size_checks(func: relax.Function) -> list[tuple]:
             if used <= defined and not analyzer.can_prove(size >= 1):
                 found.append((size, _describe(call)))
 
+    agreements = []  # (size, the size a match_cast needs it to be)
+
+    def visit_cast(binding):
+        have, want = getattr(binding.value, "ty", None), binding.ty
+        if not (isinstance(have, relax.TensorType) and isinstance(want, relax.TensorType)):
+            return
+        if not (
+            isinstance(have.shape, relax.ShapeExpr) and isinstance(want.shape, relax.ShapeExpr)
+        ):
+            return
+        for a, b in zip(have.shape.values, want.shape.values):
+            used = set(tirx.analysis.undefined_vars(a)) | set(tirx.analysis.undefined_vars(b))
+            if used and used <= defined and not analyzer.can_prove_equal(a, b):
+                agreements.append((a, b))
+
     for block in func.body.blocks:
         for binding in block.bindings:
             visit(binding)
-    return _merge(found, _size_names(func))
+            if isinstance(binding, relax.MatchCast):
+                visit_cast(binding)
+    names = _size_names(func)
+    return _merge(found, names) + _agreed(agreements, names)
+
+
+def _fitting(condition, var, span: int = 1024) -> tuple[int, list[int]] | None:
+    """``(period, residues)``: the sizes of ``var`` from ``period`` on for which ``condition``
+    holds are those congruent to a residue modulo the period (the first period up to 256 that
+    repeats over ``span`` sizes); None where none does, or no size from it on fits."""
+    holds = [
+        bool(_substituted(condition, {var: tirx.IntImm(var.ty.dtype, v)})) for v in range(span)
+    ]
+    for period in range(1, 257):
+        if all(holds[v] == holds[v + period] for v in range(period, span - period)):
+            residues = [r for r in range(period) if holds[period + r]]
+            return (period, residues) if residues else None
+    return None
+
+
+def _agreed(agreements: list, names: dict) -> list[tuple]:
+    """The sizes a ``match_cast`` needs to agree (a skip connection's two sides, a Resize by a
+    fraction): one condition for each size variable, named by the sizes of it that fit, then the
+    others as equalities."""
+    per_var: dict = {}
+    checks = []
+    for a, b in agreements:
+        used = {*tirx.analysis.undefined_vars(a), *tirx.analysis.undefined_vars(b)}
+        if len(used) == 1:
+            per_var.setdefault(used.pop(), []).append(a == b)
+        else:
+            message = f"the input's sizes do not fit this model: {a} must equal {b}"
+            checks.append((a == b, message))
+    fits = []
+    for var, conditions in per_var.items():
+        condition = functools.reduce(tirx.And, conditions)
+        pattern = _fitting(condition, var)
+        if pattern is None:
+            fits.append((condition, f"{names.get(var, var.name)} must satisfy {condition}"))
+            continue
+        period, residues = pattern
+        if len(residues) == period:
+            continue  # every size fits from the period on (TVM could not prove it)
+        if residues == [0]:
+            which = f"a multiple of {period}"
+        else:
+            which = " or ".join(map(str, residues)) + f" modulo {period}"
+        fits.append((condition, f"{names.get(var, var.name)} must be {which}"))
+    if fits:
+        condition = functools.reduce(tirx.And, [c for c, _ in fits])
+        message = (
+            f"the input's sizes do not fit this model: {' and '.join(m for _, m in fits)} (at "
+            "other sizes its layers' sizes disagree, as where a skip connection joins two "
+            "branches or a Resize divides a size)"
+        )
+        checks.insert(0, (condition, message))
+    return checks
 
 
 def _merge(found: list, names: dict) -> list[tuple]:

@@ -50,7 +50,8 @@ def test_one_bound_for_each_size_at_its_smallest_value():
 
 def test_the_op_size_counts_not_a_cast_of_it():
     """The importer unifies a skip connection's sizes with a ``match_cast`` of the pool (DLA):
-    the pool's own size ``h // 2`` needs ``h >= 2``, the cast's ``(h - 1) // 2 + 1`` nothing."""
+    the pool's own size ``h // 2`` needs ``h >= 2``, the cast's ``(h - 1) // 2 + 1`` nothing;
+    the cast itself needs even sizes."""
     h, w = tirx.Var("h", "int64"), tirx.Var("w", "int64")
     x = relax.Var("x", relax.TensorType([1, 3, h, w], "float32"))
     bb = relax.BlockBuilder()
@@ -60,9 +61,9 @@ def test_the_op_size_counts_not_a_cast_of_it():
             cast = relax.TensorType([1, 3, (h - 1) // 2 + 1, (w - 1) // 2 + 1], "float32")
             out = bb.emit_output(bb.match_cast(pooled, cast))
         bb.emit_func_output(out)
-    (condition, _), *rest = CollectSizeChecks()(bb.get())["main"].attrs[ATTR]
-    assert not rest
+    (condition, _), (_, agreement) = CollectSizeChecks()(bb.get())["main"].attrs[ATTR]
     tvm.ir.assert_structural_equal(condition, tirx.And(h >= 2, w >= 2))
+    assert "x.shape[2] (height) must be a multiple of 2 and x.shape[3]" in str(agreement)
 
 
 def test_static_sizes_need_no_check():
@@ -117,3 +118,14 @@ def test_an_exported_library_checks_its_input_too(tmp_path):
     )
     with pytest.raises(ValueError, match="too small for this model"):
         vm["main"](tvm.runtime.tensor(_random(1, 3, 9, 6)), k)
+
+
+def test_the_sizes_that_fit_are_named_by_their_residues():
+    # DLA-34 joins branches of (h - 1) // 32 + 1 and h // 32 rows (and the like): only heights
+    # of 0 or 31 modulo 32 fit.
+    from tvmamp.relay_passes.size_checks import _fitting
+
+    h = tirx.Var("h", "int64")
+    assert _fitting(tirx.Or(h % 32 == 0, h % 32 == 31), h) == (32, [0, 31])
+    assert _fitting((h - 1) // 2 + 1 == h // 2, h) == (2, [0])
+    assert _fitting(h * h == 144, h) is None  # one size fits: named as the equality
