@@ -155,7 +155,8 @@ def _symbolic_values(bb, expr):
 
     torch's ``F.pad`` exports its amounts so: ``Shape``, arithmetic, then a reshape to pairs, a
     reversal and a transpose into ONNX's order, which TVM's importer turns into tensors whose
-    values it no longer knows (torchvision's Swin at a symbolic image size).
+    values it no longer knows (torchvision's Swin at a symbolic image size): which amounts are
+    constants is known only this way.
     """
     while isinstance(expr, relax.Var) and bb.lookup_binding(expr) is not None:
         expr = bb.lookup_binding(expr)
@@ -382,14 +383,15 @@ def _pad(bb, inputs, attr, params, fallback):
     if pads_ty.ndim != 1 or (_static(length) and int(length) != 2 * rank):
         return None
     value = 0.0 if value is None else value.value.numpy().item()
-    amounts = _symbolic_values(bb, pads)
-    if amounts is not None and amounts.size == 2 * rank:
-        amounts = [_i64(a) for a in amounts.ravel()]
-        analyzer = _shape_analyzer(*amounts)
-        if all(analyzer.can_prove(a >= 0) for a in amounts):
-            return bb.emit_te(topi.nn.pad, data, amounts[:rank], amounts[rank:], value)
+    known = _symbolic_values(bb, pads)
     pads = pads if pads_ty.dtype == "int64" else bb.normalize(relax.op.astype(pads, "int64"))
     amounts = list(_tensor_to_shape_expr(bb, pads, 2 * rank, "pad").values)
+    if known is not None and known.size == 2 * rank:
+        # A constant amount (0 on the axes not padded) is kept: a fresh size there hides that
+        # the axis keeps its size (the LayerNorm after Swin's PatchMerging lost its shape).
+        # The others stay run-time sizes: as the graph's expressions they grow with every
+        # stage, and lowering Swin's kernels ran for over 25 minutes without ending.
+        amounts = [int(k) if _static(k) else a for k, a in zip(known.ravel(), amounts)]
     return bb.emit_te(topi.nn.pad, data, amounts[:rank], amounts[rank:], value)
 
 
