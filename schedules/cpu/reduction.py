@@ -17,6 +17,7 @@ import math
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import SBlockInfo, normalize_prim_func
 from tvm.s_tir.schedule import ScheduleError
+from tvm.sym.analyzer import Analyzer
 from tvm.target import Target
 
 from .common import (
@@ -95,7 +96,7 @@ def _is_row_reduction(info: SBlockInfo, rows: int) -> bool:
 
 def _schedule(sch: s_tir.Schedule, target: Target) -> bool:
     infos = _infos(sch)
-    if infos is None:
+    if infos is None or not _same_symbolic_rows(sch, infos):
         return False
     _inline(sch, infos)
     infos = _infos(sch)
@@ -210,6 +211,21 @@ def _row_count(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, rows: int) -
     """The number of rows of ``block``: the product of its ``rows`` leading extents; None
     when one is symbolic (a dynamic batch)."""
     return _static_product(sch.get(block).iter_vars[:rows])
+
+
+def _same_symbolic_rows(sch: s_tir.Schedule, infos: list[SBlockInfo]) -> bool:
+    """Whether the blocks' leading spatial extents agree where they are symbolic. A pad after a
+    layer norm over a symbolic image size (torchvision's Swin) has more rows than the norm:
+    scheduled as one set of rows, the kernel was not well-formed."""
+    rows = min(_leading_spatial(b) for b in infos)
+    analyzer = Analyzer()
+    last = sch.get(infos[-1].block_rv).iter_vars[:rows]
+    for info in infos[:-1]:
+        for iv, other in zip(sch.get(info.block_rv).iter_vars[:rows], last):
+            extents = (iv.dom.extent, other.dom.extent)
+            if None in map(static_extent, extents) and not analyzer.can_prove_equal(*extents):
+                return False
+    return True
 
 
 def _static_product(iter_vars) -> int | None:

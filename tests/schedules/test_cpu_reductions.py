@@ -231,3 +231,24 @@ def test_single_row_norm_computes_its_sums_once():
     xd = x.astype("float64")
     want = (xd - xd.mean()) / np.sqrt(xd.var() + 1e-5) * 1.5 + 0.5
     assert_close(exe(x), want, rtol=1e-5, atol=1e-5, what="instance norm of one row")
+
+
+def test_a_pad_after_the_norm_over_symbolic_rows_is_left_to_other_rules():
+    """Swin's window pad after a layer norm, over a symbolic image size: the pad has more rows
+    than the norm. The rule scheduled both as one set of rows and returned a kernel that was not
+    well-formed (logged as a bug on every Swin build); it now leaves the kernel alone."""
+    from tvm import topi
+
+    rows, extra = tvm.tirx.Var("rows", "int64"), tvm.tirx.Var("extra", "int64")
+    x = relax.Var("x", relax.TensorType([2, rows, 96], "float32"))
+    pad = relax.Var("pad", relax.ShapeType([extra]))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, pad]):
+        with bb.dataflow():
+            normed = bb.emit(_layer_norm(x))
+            out = bb.emit_output(bb.emit_te(topi.nn.pad, normed, [0, 0, 0], [0, extra, 0]))
+        bb.emit_func_output(out)
+    target = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
+    (func,) = _kernels(bb.get(), target)
+    with target:
+        assert CPURowReduction().apply(func, target, False) is None
