@@ -66,6 +66,8 @@ class CPUElementwise(CPURule):
                 # (``zeros``/``full``): fill those one element at a time.
                 lanes = 1 if dtype == "bfloat16" and not stmt.reads else vector_lanes(target, dtype)
                 if not static:  # schedule_injective vectorises the innermost loop
+                    if schedule_concat(sch, block, lanes, parallel):  # over symbolic rows
+                        continue
                     if _static_but_outer(sch, block):  # a transpose over a dynamic batch
                         fuse_transposed_inner(sch, block)
                     schedule_injective(sch, block, lanes, parallel)
