@@ -202,6 +202,8 @@ DYNAMIC_SIZE = [
     "tv_resnet18",
     "tv_mobilenet_v3_small",
     "tv_efficientnet_b0",
+    "tv_densenet121",
+    "tv_swin_t",
     "seg_lraspp_mobilenet_v3_large",
     "seg_deeplabv3_mobilenet_v3_large",
 ]
