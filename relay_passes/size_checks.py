@@ -45,7 +45,7 @@ _WINDOW_OPS = {
     for kind, suffix in (("conv", ""), ("conv", "_transpose"), ("max_pool", ""), ("avg_pool", ""))
     for rank in (1, 2, 3)
 }
-_AXES = {3: ("width",), 4: ("height", "width"), 5: ("depth", "height", "width")}
+_AXES = {"D": "depth", "H": "height", "W": "width"}
 _LARGEST = 1 << 40  # no image axis is larger; the bisection's upper end
 
 
@@ -115,20 +115,29 @@ def _smallest(size, var) -> int | None:
     return low
 
 
-def _size_names(func: relax.Function) -> dict:
-    """Size variable -> ``"x.shape[2] (height)"`` for the sizes a parameter's shape binds."""
+def _size_names(func: relax.Function, axes: dict) -> dict:
+    """Size variable -> ``"x.shape[2] (height)"`` for the sizes a parameter's shape binds; the
+    axis is named where a window op's layout names the axis its size comes from (``axes``)."""
     names = {}
     for param in func.params:
         shape = getattr(param.ty, "shape", None)
         if not isinstance(shape, relax.ShapeExpr):
             continue
-        axes = _AXES.get(len(shape.values), ())
-        offset = len(shape.values) - len(axes)
         for axis, dim in enumerate(shape.values):
             if isinstance(dim, tirx.Var) and dim not in names:
-                label = f" ({axes[axis - offset]})" if axis >= offset else ""
+                label = f" ({axes[dim]})" if dim in axes else ""
                 names[dim] = f"{param.name}.shape[{axis}]{label}"
     return names
+
+
+def _out_layout(call: relax.Call) -> str:
+    """The layout of the result of a conv, pool or resize (``NCHW``...); "" for other ops."""
+    attrs = call.attrs
+    for field in ("out_layout", "data_layout", "layout"):
+        layout = str(getattr(attrs, field, "") or "")
+        if layout:
+            return layout
+    return ""
 
 
 def size_checks(func: relax.Function) -> list[tuple]:
@@ -142,15 +151,22 @@ def size_checks(func: relax.Function) -> list[tuple]:
     for var in defined:
         analyzer.update(var, ConstIntBound(0, ConstIntBound.POS_INF))
     found = []  # (size, op description), in the order the ops run
+    axes = {}  # size variable -> the axis a window op's layout puts it on ("height")
 
     def visit(binding):
         call = binding.value
         if not (isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op)):
             return
-        if call.op.name not in _WINDOW_OPS:
+        out = getattr(call.ty, "shape", None)  # the op's own (not a cast's)
+        if not isinstance(out, relax.ShapeExpr):
             return
-        out, data = call.ty.shape, call.args[0].ty.shape  # the op's own (not a cast's)
-        if not (isinstance(out, relax.ShapeExpr) and isinstance(data, relax.ShapeExpr)):
+        layout = _out_layout(call)  # conv, pool, resize: the axes their sizes come from
+        for letter, size in zip(layout, out.values):
+            used = tirx.analysis.undefined_vars(size)
+            if letter in _AXES and len(used) == 1:
+                axes.setdefault(used[0], _AXES[letter])
+        data = getattr(call.args[0].ty, "shape", None) if call.args else None
+        if call.op.name not in _WINDOW_OPS or not isinstance(data, relax.ShapeExpr):
             return
         for size in out.values:
             if isinstance(size, tirx.IntImm) or any(
@@ -181,7 +197,7 @@ def size_checks(func: relax.Function) -> list[tuple]:
             visit(binding)
             if isinstance(binding, relax.MatchCast):
                 visit_cast(binding)
-    names = _size_names(func)
+    names = _size_names(func, axes)
     return _merge(found, names) + _agreed(agreements, names)
 
 

@@ -129,3 +129,21 @@ def test_the_sizes_that_fit_are_named_by_their_residues():
     assert _fitting(tirx.Or(h % 32 == 0, h % 32 == 31), h) == (32, [0, 31])
     assert _fitting((h - 1) // 2 + 1 == h // 2, h) == (2, [0])
     assert _fitting(h * h == 144, h) is None  # one size fits: named as the equality
+
+
+def test_the_axes_are_named_by_the_layout_of_the_op():
+    """An NHWC input: the height is ``x.shape[1]``, which the message names as such (a name
+    from the input's rank alone called ``x.shape[2]`` the height)."""
+    h, w = tirx.Var("h", "int64"), tirx.Var("w", "int64")
+    x = relax.Var("x", relax.TensorType([1, h, w, 3], "float32"))
+    k = relax.Var("k", relax.TensorType([5, 3, 3, 8], "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, k]):
+        with bb.dataflow():
+            conv = relax.op.nn.conv2d(x, k, strides=2, data_layout="NHWC", kernel_layout="HWIO")
+            out = bb.emit_output(conv)
+        bb.emit_func_output(out)
+    ((condition, message),) = CollectSizeChecks()(bb.get())["main"].attrs[ATTR]
+    tvm.ir.assert_structural_equal(condition, tirx.And(h >= 5, w >= 3))
+    assert "x.shape[1] (height) at least 5 and x.shape[2] (width) at least 3" in str(message)
+    assert "conv2d (kernel 5x3, strides 2x2)" in str(message)
