@@ -17,6 +17,8 @@ several cores is it taken, to run its channel planes (and row chunks) in paralle
 
 from __future__ import annotations
 
+import math
+
 import tvm
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import get_root_block
@@ -27,8 +29,10 @@ from .common import (
     CPURule,
     NotApplicable,
     largest_divisor,
+    nominal,
     num_cores,
     row_chunks,
+    static_extent,
     use_parallel,
     vector_lanes,
 )
@@ -41,8 +45,12 @@ class CPUPooling(CPURule):
     """One ``max``/``sum`` reduction block over a 4-D (NCHW) input with spatial iterators
     ``n, c, h, w`` and trailing reduction (window) iterators, reading one buffer whose first two
     indices are ``n`` and ``c``; injective producers (padding) before it and injective
-    consumers (the average's division) after it.
+    consumers (the average's division) after it. The batch, height and width may be symbolic.
     """
+
+    def takes_shapes(self, sch: s_tir.Schedule) -> bool:
+        """Any shapes: :func:`_schedule` checks which extents it needs static."""
+        return True
 
     def apply(  # pylint: disable=missing-function-docstring
         self, func: tirx.PrimFunc, target: Target, _: bool
@@ -105,7 +113,7 @@ def _find_pool(sch: s_tir.Schedule) -> tuple[list, s_tir.schedule.SBlockRV, list
         if len(used) != 1 or not used[0].same_as(stmt.iter_vars[axis].var):
             raise NotApplicable("input batch/channel index is not the output's")
     width = stmt.iter_vars[3]
-    strided = int(width.dom.extent) > 1 and _strided(region[3].min, width.var)
+    strided = static_extent(width.dom.extent) != 1 and _strided(region[3].min, width.var)
     for i, block_kinds in enumerate(kinds):
         if i != index and any(k != tirx.IterVar.DataPar for k in block_kinds):
             raise NotApplicable("a producer or consumer is not injective")
@@ -178,21 +186,35 @@ def _rfactor_rows(sch: s_tir.Schedule, target: Target, pool, consumers: list, la
 
 
 def _schedule(sch: s_tir.Schedule, target: Target) -> bool:
-    """Schedule the pooling function in place; raises NotApplicable when it is not one."""
+    """Schedule the pooling function in place; raises NotApplicable when it is not one.
+
+    Over a symbolic batch, height or width (a model exported with dynamic sizes) the vector is
+    one of channels, which needs no tail: a row of outputs of symbolic length would end in a
+    predicated vector, which TVM 0.27 scalarises whole. Without this PoolFormer's pooling
+    blocks ran as naive loops, 35x their static time.
+    """
     producers, pool, consumers, strided = _find_pool(sch)
-    work = 1
-    for loop in sch.get_loops(pool):
-        work *= _extent(sch, loop)
+    loops = sch.get_loops(pool)
+    symbolic = any(static_extent(sch.get(loop).extent) is None for loop in loops[:4])
+    work = math.prod(nominal(sch.get(loop).extent) for loop in loops)
     if strided:
+        if symbolic:
+            raise NotApplicable("a strided window over symbolic sizes: TVM's default loops")
         return _schedule_strided(sch, target, producers, pool, consumers, work)
+    if static_extent(sch.get(loops[1]).extent) is None:
+        raise NotApplicable("a symbolic number of channels")
     for block in producers[:-1]:
         sch.compute_inline(block)
     for block in reversed(consumers[1:]):
         sch.reverse_compute_inline(block)
     lanes = vector_lanes(target, "float32")  # bf16 is widened to fp32 for the arithmetic
     n, c, h, w, *window = sch.get_loops(pool)
-    batch, channels, height, width = (_extent(sch, loop) for loop in (n, c, h, w))
-    row_lanes = width if width <= lanes else largest_divisor(width, lanes)
+    batch, channels, height, width = (nominal(sch.get(loop).extent) for loop in (n, c, h, w))
+    channels = _extent(sch, c)
+    if symbolic:
+        row_lanes = 0
+    else:
+        row_lanes = width if width <= lanes else largest_divisor(width, lanes)
     parallel = use_parallel(target, work)
     if row_lanes >= _MIN_ROW_LANES:  # a vector of output columns
         w_outer, vec = sch.split(w, [None, row_lanes])
@@ -202,8 +224,9 @@ def _schedule(sch: s_tir.Schedule, target: Target) -> bool:
     else:  # a vector of channels (global pooling, tiny rows)
         channel_lanes = largest_divisor(channels, lanes)
         tasks = batch * channels // channel_lanes
-        few = parallel and tasks < num_cores(target)
-        if few and height == 1 and not producers:  # global: rows of the plane in parallel
+        few = parallel and tasks < num_cores(target) and not symbolic
+        static_window = all(static_extent(sch.get(loop).extent) for loop in window)
+        if few and height == 1 and not producers and static_window:  # global: rows in parallel
             if _rfactor_rows(sch, target, pool, consumers, channel_lanes):
                 return True
         c_outer, vec = sch.split(c, [None, channel_lanes])
