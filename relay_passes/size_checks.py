@@ -18,8 +18,10 @@ be placed only after the purity checks are gone:
   bisection; the others stay as they are. Each ``match_cast`` of sizes (the importer's join of a
   skip connection's two branches, a Resize by a fraction) adds the equality it checks, named by
   the sizes that satisfy it (``a multiple of 2``, ``0 or 31 modulo 32``), so that the error
-  names them instead of the VM's ``match_cast`` message. They are kept in the function
-  attribute ``tvmamp.size_checks``.
+  names them instead of the VM's ``match_cast`` message. A reshape into sizes an export fixed
+  (MobileViT's unfolding into patches) adds the equality of the element counts, named by the two
+  shapes, where TVM's view check said "relative_byte_offset + view_size <= curr_size". They are
+  kept in the function attribute ``tvmamp.size_checks``.
 - :class:`InsertSizeChecks` runs after ``RemovePurityChecking``: it turns the attribute into a
   host PrimFunc of ``AssertStmt`` (``ValueError`` with a message naming the input, the axis and
   the smallest size) and makes calling it the function's first binding. It is native code in the
@@ -30,6 +32,7 @@ be placed only after the purity checks are gone:
 from __future__ import annotations
 
 import functools
+import re
 
 import tvm
 import tvm_ffi
@@ -47,6 +50,12 @@ _WINDOW_OPS = {
 }
 _AXES = {"D": "depth", "H": "height", "W": "width"}
 _LARGEST = 1 << 40  # no image axis is larger; the bisection's upper end
+
+
+def _text(value) -> str:
+    """A size, a shape (a tuple) or a condition as a message shows it: ``(h - 1) // 8 + 1``,
+    not TVMScript's ``(h - T.int64(1)) // T.int64(8) + T.int64(1)``."""
+    return re.sub(r"T\.int(?:32|64)\((-?\d+)\)", r"\1", str(value))
 
 
 def _describe(call: relax.Call) -> str:
@@ -142,8 +151,9 @@ def _out_layout(call: relax.Call) -> str:
 
 def size_checks(func: relax.Function) -> list[tuple]:
     """``[(condition, message), ...]``: what must hold of ``func``'s input sizes for every conv
-    and pool in it to have a non-empty output, and for the sizes each ``match_cast`` of it
-    checks to agree. Empty where the sizes are static."""
+    and pool in it to have a non-empty output, for the sizes each ``match_cast`` of it checks
+    to agree, and for each reshape to keep the number of elements. Empty where the sizes are
+    static."""
     defined = {v for p in func.params for v in relax.analysis.definable_tir_vars_in_type(p.ty)}
     if not defined:
         return []
@@ -166,7 +176,11 @@ def size_checks(func: relax.Function) -> list[tuple]:
             if letter in _AXES and len(used) == 1:
                 axes.setdefault(used[0], _AXES[letter])
         data = getattr(call.args[0].ty, "shape", None) if call.args else None
-        if call.op.name not in _WINDOW_OPS or not isinstance(data, relax.ShapeExpr):
+        if not isinstance(data, relax.ShapeExpr):
+            return
+        if call.op.name == "relax.reshape":
+            visit_reshape(data, out)
+        if call.op.name not in _WINDOW_OPS:
             return
         for size in out.values:
             if isinstance(size, tirx.IntImm) or any(
@@ -178,6 +192,21 @@ def size_checks(func: relax.Function) -> list[tuple]:
                 found.append((size, _describe(call)))
 
     agreements = []  # (size, the size a match_cast needs it to be)
+    reshapes = []  # (condition, message): a reshape to sizes an export fixed
+
+    def visit_reshape(data, out):
+        have = functools.reduce(lambda a, b: a * b, data.values, tirx.IntImm("int64", 1))
+        want = functools.reduce(lambda a, b: a * b, out.values, tirx.IntImm("int64", 1))
+        used = {*tirx.analysis.undefined_vars(have), *tirx.analysis.undefined_vars(want)}
+        if used and used <= defined and not analyzer.can_prove_equal(have, want):
+            shapes = [tuple(int_or_expr(d) for d in shape.values) for shape in (data, out)]
+            message = (
+                f"the input's sizes do not fit this model: a reshape of {_text(shapes[0])} "
+                f"into {_text(shapes[1])} needs as many elements (its export fixed sizes the "
+                "model computes from its input: export it at the size it runs at, or give "
+                "shape_dict)"
+            )
+            reshapes.append((have == want, message))
 
     def visit_cast(binding):
         have, want = getattr(binding.value, "ty", None), binding.ty
@@ -198,7 +227,7 @@ def size_checks(func: relax.Function) -> list[tuple]:
             if isinstance(binding, relax.MatchCast):
                 visit_cast(binding)
     names = _size_names(func, axes)
-    return _merge(found, names) + _agreed(agreements, names)
+    return _merge(found, names) + _agreed(agreements, names) + reshapes
 
 
 def _fitting(condition, var, span: int = 1024) -> tuple[int, list[int]] | None:
@@ -226,14 +255,14 @@ def _agreed(agreements: list, names: dict) -> list[tuple]:
         if len(used) == 1:
             per_var.setdefault(used.pop(), []).append(a == b)
         else:
-            message = f"the input's sizes do not fit this model: {a} must equal {b}"
+            message = f"the input's sizes do not fit this model: {_text(a)} must equal {_text(b)}"
             checks.append((a == b, message))
     fits = []
     for var, conditions in per_var.items():
         condition = functools.reduce(tirx.And, conditions)
         pattern = _fitting(condition, var)
         if pattern is None:
-            fits.append((condition, f"{names.get(var, var.name)} must satisfy {condition}"))
+            fits.append((condition, f"{names.get(var, var.name)} must satisfy {_text(condition)}"))
             continue
         period, residues = pattern
         if len(residues) == period:
@@ -269,7 +298,7 @@ def _merge(found: list, names: dict) -> list[tuple]:
                 continue
         if not any(tvm_ffi.structural_equal(size, s) for s in seen):
             seen.append(size)
-            message = f"the input is too small for {op}: its output size {size} must be >= 1"
+            message = f"the input is too small for {op}: its output size {_text(size)} must be >= 1"
             checks.append((size >= 1, message))
     if not bounds:
         return checks

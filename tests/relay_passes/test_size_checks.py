@@ -147,3 +147,27 @@ def test_the_axes_are_named_by_the_layout_of_the_op():
     tvm.ir.assert_structural_equal(condition, tirx.And(h >= 5, w >= 3))
     assert "x.shape[1] (height) at least 5 and x.shape[2] (width) at least 3" in str(message)
     assert "conv2d (kernel 5x3, strides 2x2)" in str(message)
+
+
+def test_a_reshape_into_sizes_an_export_fixed_names_both_shapes():
+    """MobileViT's unfolding into patches, exported at 224 px: a reshape of ``(1, 4, h // 2,
+    w // 2)`` into ``(1, 4, 3, 2, 3, 2)`` fits one size only. TVM's view check said
+    "relative_byte_offset + view_size <= curr_size" at another."""
+    h, w = tirx.Var("h", "int64"), tirx.Var("w", "int64")
+    x = relax.Var("x", relax.TensorType([1, 4, h, w], "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            pooled = bb.emit(relax.op.nn.max_pool2d(x, 2, strides=2))
+            out = bb.emit_output(relax.op.reshape(pooled, [1, 4, 3, 2, 3, 2]))
+        bb.emit_func_output(out)
+    exe = tvmamp.build(bb.get(), level="O0")
+    x = _random(1, 4, 12, 13)
+    expected = _reference_pool(x).reshape(1, 4, 3, 2, 3, 2)
+    np.testing.assert_allclose(exe(x), expected, rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match=r"a reshape of \(1, 4, h // 2, w // 2\) into"):
+        exe(_random(1, 4, 14, 12))
+
+
+def _reference_pool(x):
+    return torch.nn.functional.max_pool2d(torch.from_numpy(x), 2, stride=2).numpy()
