@@ -384,14 +384,16 @@ def _pad(bb, inputs, attr, params, fallback):
         return None
     value = 0.0 if value is None else value.value.numpy().item()
     known = _symbolic_values(bb, pads)
-    pads = pads if pads_ty.dtype == "int64" else bb.normalize(relax.op.astype(pads, "int64"))
-    amounts = list(_tensor_to_shape_expr(bb, pads, 2 * rank, "pad").values)
-    if known is not None and known.size == 2 * rank:
+    known = list(known.ravel()) if known is not None and known.size == 2 * rank else None
+    if known is None or not all(_static(k) for k in known):
+        pads = pads if pads_ty.dtype == "int64" else bb.normalize(relax.op.astype(pads, "int64"))
+        amounts = list(_tensor_to_shape_expr(bb, pads, 2 * rank, "pad").values)
+    if known is not None:
         # A constant amount (0 on the axes not padded) is kept: a fresh size there hides that
         # the axis keeps its size (the LayerNorm after Swin's PatchMerging lost its shape).
         # The others stay run-time sizes: as the graph's expressions they grow with every
         # stage, and lowering Swin's kernels ran for over 25 minutes without ending.
-        amounts = [int(k) if _static(k) else a for k, a in zip(known.ravel(), amounts)]
+        amounts = [int(k) if _static(k) else amounts[i] for i, k in enumerate(known)]
     return bb.emit_te(topi.nn.pad, data, amounts[:rank], amounts[rank:], value)
 
 
