@@ -55,6 +55,17 @@ def _check_two_sizes(model, shapes, rng, rtol=1e-5):
         np.testing.assert_allclose(out, ref, rtol=rtol, atol=rtol * float(np.abs(ref).max()))
 
 
+def _check_bf16(model, shape, rng, tol):
+    """Import without shape_dict, build at O2 in bf16 for Zen4/5, and match onnxruntime at
+    ``shape`` within ``tol`` of the largest output."""
+    mod, params = tvmamp.from_onnx(model)
+    target = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 1})
+    exe = tvmamp.build(mod, "O2", target, "bfloat16", params=params)
+    x = rng.uniform(0.5, 1.5, shape).astype(np.float32)
+    ref = run_ort(model, x=x)
+    np.testing.assert_allclose(np.asarray(exe(x)), ref, rtol=0, atol=tol * np.abs(ref).max())
+
+
 def test_range_over_a_symbolic_length_keeps_it(rng):
     # ConvBERT's position ids: Range(0, seq) added to the rows, then flattened.
     nodes = _dim("x", 1, "seq") + [
@@ -426,13 +437,7 @@ def test_concat_of_sizes_tvm_cannot_prove_equal_builds_for_bf16(rng):
     # The match_cast that unifies the sizes must not rebind a variable to an expression of
     # itself (h -> h // 2 * 2: TVM's CanonicalizeBindings recursed until the process crashed),
     # nor be read as defining the input's sizes (OrderShapeDefinitions found a cycle).
-    model = _skip_connection_model(rng)
-    mod, params = tvmamp.from_onnx(model)
-    target = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 1})
-    exe = tvmamp.build(mod, "O2", target, "bfloat16", params=params)
-    x = rng.uniform(0.5, 1.5, (2, 2, 6, 8)).astype(np.float32)
-    ref = run_ort(model, x=x)
-    np.testing.assert_allclose(np.asarray(exe(x)), ref, rtol=0, atol=3e-2 * np.abs(ref).max())
+    _check_bf16(_skip_connection_model(rng), (2, 2, 6, 8), rng, 3e-2)
 
 
 def test_elementwise_op_of_sizes_tvm_cannot_prove_equal(rng):
@@ -472,12 +477,7 @@ def test_ceil_mode_pooling_over_symbolic_sizes(rng, op, pads):
     ]
     model = _image_model(nodes, [weight], ["batch", 4, None, None])
     _check_two_sizes(model, [(2, 2, 19, 17), (1, 2, 24, 31)], rng, rtol=1e-4)
-    mod, params = tvmamp.from_onnx(model)
-    target = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 1})
-    exe = tvmamp.build(mod, "O2", target, "bfloat16", params=params)
-    x = rng.uniform(0.5, 1.5, (1, 2, 23, 20)).astype(np.float32)
-    ref = run_ort(model, x=x)
-    np.testing.assert_allclose(np.asarray(exe(x)), ref, rtol=0, atol=2e-2 * np.abs(ref).max())
+    _check_bf16(model, (1, 2, 23, 20), rng, 2e-2)
 
 
 @pytest.mark.parametrize(
