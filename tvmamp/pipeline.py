@@ -34,6 +34,7 @@ from tvm import relax
 from tvmamp.conversion import Converted
 from tvmamp.executable import Executable
 from tvmamp.relay_passes import low_reductions, nan_ops, symbolic_reshape
+from tvmamp.relay_passes.branches import OutlineBranches
 from tvmamp.relay_passes.size_checks import CollectSizeChecks, InsertSizeChecks
 from tvmamp.relay_passes.size_params import SizeParamsAsShapes
 from tvmamp.relay_passes.symbolic_order import OrderShapeDefinitions
@@ -112,9 +113,11 @@ def schedule_passes(target, entry, database=None) -> list:
 
 
 def dataflow_lower_passes() -> list:
-    """Phase 4: dataflow blocks to ordinary bindings, the input-size check first in each public
-    function, ``call_tir`` to destination passing."""
+    """Phase 4: each ``If`` branch a function of its own (phase 5's memory planning shares
+    storage across branches), dataflow blocks to ordinary bindings, the input-size check first
+    in each public function, ``call_tir`` to destination passing."""
     return [
+        OutlineBranches(),
         relax.transform.RewriteDataflowReshape(),
         relax.transform.ToNonDataflow(),
         relax.transform.RemovePurityChecking(),
