@@ -81,7 +81,7 @@ def test_unsupported_op_is_named():
 
 
 def test_invalid_model_is_a_value_error():
-    with pytest.raises(ValueError, match="the ONNX model is invalid.*NoSuchOp"):
+    with pytest.raises(ValueError, match="the model is not a valid ONNX model.*NoSuchOp"):
         from_onnx(_single_node_model("NoSuchOp"))
 
 
@@ -94,3 +94,72 @@ def test_bad_and_missing_files(tmp_path):
         from_onnx(str(tmp_path / "missing.onnx"))
     with pytest.raises(TypeError, match="expected a path or an onnx.ModelProto"):
         from_onnx(42)
+    (tmp_path / "empty.onnx").write_bytes(b"")
+    with pytest.raises(ValueError, match="empty.onnx' is an empty file"):
+        from_onnx(str(tmp_path / "empty.onnx"))
+    (tmp_path / "folder.onnx").mkdir()
+    with pytest.raises(ValueError, match="folder.onnx' is a directory"):
+        from_onnx(str(tmp_path / "folder.onnx"))
+
+
+def _relu_model(in_shape=(2, 3), out_shape=(2, 3)):
+    """``relu(x)``; a shape of None leaves the value's shape out (unknown rank)."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, in_shape)
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, out_shape)
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_inputs_and_outputs_of_unknown_rank(rng):
+    """ONNX's checker wants their shapes; onnxruntime and TVM do not (the input's rank comes
+    from shape_dict)."""
+    x = rng.standard_normal((2, 3)).astype("float32")
+    for model, shapes in ((_relu_model(out_shape=None), None), (_relu_model(None), {"x": (2, 3)})):
+        mod, params = from_onnx(model, shape_dict=shapes)
+        out = tvmamp.build(mod, "O0", TARGET, params=params)(x)
+        np.testing.assert_array_equal(out, np.maximum(x, 0))
+
+
+def test_external_data_is_read_from_the_model_directory_only(cnn, rng, tmp_path, monkeypatch):
+    """A model loaded without its external data would read a file of the same name from the
+    working directory: refused."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    path = folder / "cnn.onnx"
+    copy = onnx.ModelProto()
+    copy.CopyFrom(cnn)  # saving with external data moves the copy's weights out of it
+    onnx.save_model(copy, path, save_as_external_data=True, location="w.bin", size_threshold=0)
+    (tmp_path / "w.bin").write_bytes(b"\x01" * (folder / "w.bin").stat().st_size)
+    monkeypatch.chdir(tmp_path)  # holds another w.bin
+    mod, params = from_onnx(str(path), shape_dict={"image": (2, 3, 16, 16)})
+    x = _image(rng)
+    out = tvmamp.build(mod, "O0", TARGET, params=params)(x)
+    np.testing.assert_allclose(out, run_reference(cnn, [x]), rtol=1e-5, atol=1e-5)
+    unloaded = onnx.load(str(path), load_external_data=False)
+    with pytest.raises(ValueError, match="external files that were not loaded"):
+        from_onnx(unloaded)
+
+
+def test_ops_are_read_with_their_domain():
+    """TVM's importer converts by op type alone: a custom ``Relu`` would be the standard one."""
+    model = _relu_model()
+    model.graph.node[0].domain = "my.custom"
+    model.opset_import.append(helper.make_opsetid("my.custom", 1))
+    with pytest.raises(UnsupportedOperatorError, match="my.custom::Relu"):
+        from_onnx(model)
+
+
+def test_a_converter_failure_is_a_value_error_naming_the_op():
+    """TVM's SkipLayerNormalization converter asserts on a node without beta and bias."""
+    shapes = {"x": [2, 4, 8], "skip": [2, 4, 8], "gamma": [8]}
+    inputs = [helper.make_tensor_value_info(k, TensorProto.FLOAT, v) for k, v in shapes.items()]
+    node = helper.make_node(
+        "SkipLayerNormalization", list(shapes), ["y"], domain="com.microsoft", epsilon=1e-5
+    )
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4, 8])
+    model = helper.make_model(
+        helper.make_graph([node], "g", inputs, [y]),
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)],
+    )
+    with pytest.raises(UnsupportedOperatorError, match="converter for SkipLayerNormalization"):
+        from_onnx(model)

@@ -11,6 +11,7 @@ from .common import UnsupportedOperatorError, require, split_params
 from .onnx_fold import constant_initializers, fold_shape_constants, prepare_for_import
 from .onnx_rnn import RECURRENT_OPS, expand_recurrent
 from .onnx_symbolic import symbolic_converters
+from .onnx_versions import graph_nodes, upgrade_old_ops
 
 _COMPONENT = "tvmamp.from_onnx"
 
@@ -82,6 +83,8 @@ def from_onnx(
 
     shapes = _checked_shapes(shape_dict)
     model = _without_initializer_inputs(onnx, model)
+    if opset is None:
+        model = upgrade_old_ops(onnx, model)
     model, shapes = _with_partial_shapes(onnx, model, shapes)
     model = constant_initializers(model)
     model = fold_shape_constants(model, shapes)
@@ -94,9 +97,16 @@ def from_onnx(
             )
     except Exception as err:
         symbolic = _symbolic_inputs(model, shapes)
-        if not symbolic:
+        if symbolic:
+            raise _symbolic_error(err, symbolic) from err
+        if isinstance(err, ValueError):  # tvmamp's own, and converter failures (named)
             raise
-        raise _symbolic_error(err, symbolic) from err
+        # TVM's importer asserts on what it cannot read ("Missing outputs during conversion.
+        # Expected 4 but Got 3 in SkipLayerNormalization."): a ValueError that the CLI reports
+        text = str(err).strip() or type(err).__name__
+        raise ValueError(
+            f"{_COMPONENT}: TVM's ONNX importer failed: {type(err).__name__}: {text}"
+        ) from err
     func = mod["main"]
     values = list(func.attrs["params"]) if "params" in func.attrs else []
     return split_params(mod, values, _COMPONENT)
@@ -231,23 +241,82 @@ def _without_initializer_inputs(onnx, model):
 
 def read_model(onnx, model):
     """A checked ``onnx.ModelProto`` from a path or a model (ValueError when it is invalid)."""
+    where = "the model"
     if isinstance(model, (str, os.PathLike)):
         path = os.fspath(model)
+        if os.path.isdir(path):
+            raise ValueError(f"{_COMPONENT}: {path!r} is a directory, not an ONNX model file")
         if not os.path.isfile(path):
             raise FileNotFoundError(f"{_COMPONENT}: no such model file {path!r}")
+        if os.path.getsize(path) == 0:
+            raise ValueError(f"{_COMPONENT}: {path!r} is an empty file, not an ONNX model")
         try:
-            model = onnx.load(path)
+            model = onnx.load(path)  # external data: read from the model's directory
         except Exception as err:  # protobuf raises DecodeError and others
             raise ValueError(f"{_COMPONENT}: {path!r} is not a valid ONNX model: {err}") from err
-    if not isinstance(model, onnx.ModelProto):
+        where = f"{path!r}"
+    elif not isinstance(model, onnx.ModelProto):
         raise TypeError(
             f"{_COMPONENT}: expected a path or an onnx.ModelProto, got {type(model).__name__}"
         )
+    else:
+        _check_external_data_loaded(onnx, model)
     try:
-        onnx.checker.check_model(model)
+        onnx.checker.check_model(_with_placeholder_shapes(onnx, model))
     except onnx.checker.ValidationError as err:
-        raise ValueError(f"{_COMPONENT}: the ONNX model is invalid: {err}") from err
+        raise ValueError(f"{_COMPONENT}: {where} is not a valid ONNX model: {err}") from err
     return model
+
+
+def _check_external_data_loaded(onnx, model) -> None:
+    """Refuse a model whose initializers still point to external files: ONNX resolves their
+    paths against the working directory, so another file of the same name there would be read
+    as its weights (a model loaded with ``load_external_data=False`` gave an error of 201)."""
+    external = [
+        t.name
+        for t in model.graph.initializer
+        if t.data_location == onnx.TensorProto.EXTERNAL and not t.HasField("raw_data")
+    ]
+    if external:
+        raise ValueError(
+            f"{_COMPONENT}: the data of {len(external)} initializers ({external[:3]}...) is in "
+            "external files that were not loaded with the model; pass the model's path, or load "
+            "it with onnx.load(path) (which reads them from the model's directory)"
+        )
+
+
+def _with_placeholder_shapes(onnx, model):
+    """``model``, or a copy for ONNX's checker in which graph inputs and outputs without a
+    shape (unknown rank) have an empty one: the checker requires the field, onnxruntime and
+    TVM's importer do not (an input's rank then comes from ``shape_dict``)."""
+    unshaped = [
+        v
+        for v in [*model.graph.input, *model.graph.output]
+        if v.type.HasField("tensor_type") and not v.type.tensor_type.HasField("shape")
+    ]
+    if not unshaped:
+        return model
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    names = {v.name for v in unshaped}
+    for value in [*copy.graph.input, *copy.graph.output]:
+        if value.name in names and value.type.HasField("tensor_type"):
+            value.type.tensor_type.shape.SetInParent()
+    return copy
+
+
+# the domains of the ops TVM's importer converts: ONNX's, and onnxruntime's contrib ops that it
+# has converters for (Attention, SkipLayerNormalization, FastGelu...)
+_DOMAINS = ("", "ai.onnx", "com.microsoft")
+
+
+def _known(node, known: set) -> bool:
+    return node.domain in _DOMAINS and node.op_type in known
+
+
+def _qualified(node) -> str:
+    """``node``'s op type, with its domain where that is not ONNX's."""
+    return node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
 
 
 def _check_keys(mapping, inputs, what):
@@ -264,7 +333,9 @@ def _check_ops(model):
 
     # LSTM, GRU and RNN have no converter: expand_recurrent rewrites them before the import.
     known = set(_get_convert_map()) | {"Constant", "If"} | RECURRENT_OPS
-    missing = sorted({n.op_type for n in model.graph.node if n.op_type not in known})
+    # TVM's importer reads a node by its op type alone: one in another domain (a custom op
+    # named Relu) would be converted as the standard op of that name
+    missing = sorted({_qualified(n) for n in graph_nodes(model.graph) if not _known(n, known)})
     if missing:
         raise UnsupportedOperatorError(
             f"{_COMPONENT}: TVM's ONNX importer does not support the operators "

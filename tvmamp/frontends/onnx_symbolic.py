@@ -55,7 +55,8 @@ _END = 1 << 31
 
 @contextlib.contextmanager
 def symbolic_converters():
-    """Within the block, TVM's ONNX importer uses the overrides of this module.
+    """Within the block, TVM's ONNX importer uses the overrides of this module, and a
+    converter that fails raises :class:`UnsupportedOperatorError` naming its op.
 
     TVM looks its converters up with ``onnx_frontend._get_convert_map()`` for every node;
     the block swaps that function and restores it on exit.
@@ -65,11 +66,43 @@ def symbolic_converters():
     original = onnx_frontend._get_convert_map
     base = original()
     wrapped = {op: _overriding(base[op], rewrite) for op, rewrite in OVERRIDES.items()}
-    onnx_frontend._get_convert_map = lambda: {**original(), **wrapped}
+    named = {op: _naming_failures(op, c) for op, c in {**base, **wrapped}.items()}
+    onnx_frontend._get_convert_map = lambda: {**original(), **named}
     try:
         yield
     finally:
         onnx_frontend._get_convert_map = original
+
+
+def _naming_failures(op: str, converter):
+    """A subclass of ``converter`` whose failures raise :class:`UnsupportedOperatorError`
+    naming ``op``: TVM's converters assert on inputs they do not handle (a
+    ``SkipLayerNormalization`` without bias: "Missing outputs during conversion"), and an
+    ``AssertionError`` escaped the CLI as a traceback."""
+    from .common import UnsupportedOperatorError
+
+    class Named(converter):
+        @classmethod
+        def get_converter(cls, opset):
+            convert = converter.get_converter(opset)
+
+            def checked(bb, inputs, attr, params):
+                try:
+                    return convert(bb, inputs, attr, params)
+                except UnsupportedOperatorError:
+                    raise
+                except Exception as err:
+                    text = str(err).strip().splitlines()[0] if str(err).strip() else ""
+                    raise UnsupportedOperatorError(
+                        f"tvmamp.from_onnx: TVM's ONNX converter for {op} (opset {opset}) "
+                        f"failed on this node: {type(err).__name__}: {text}",
+                        [op],
+                    ) from err
+
+            return checked
+
+    Named.__name__ = Named.__qualname__ = converter.__name__
+    return Named
 
 
 def _overriding(converter, rewrite):
