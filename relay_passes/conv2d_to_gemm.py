@@ -233,7 +233,10 @@ class _Rewriter(PyExprMutator):
             return
         bb = self.builder_
         n, _, h, w = shape
-        sizes = relax.ShapeExpr([rows.n, rows.h, rows.w])
+        # the sizes bound first: TVM's VMShapeLower computes no size that appears in a
+        # match_cast's value alone (``h // 4`` of ``shape([b, h // 4, w // 4])``) and failed
+        # the build with "Check failed: (it != slot_map_.end())"; a binding's type has its slot
+        sizes = bb.emit(relax.ShapeExpr([rows.n, rows.h, rows.w]), name_hint="sizes")
         bb.match_cast(sizes, relax.ShapeType([n, h, w]))
         cast = dataclasses.replace(rows, n=n, h=h, w=w)
         ty = relax.TensorType([cast.rows, *rows.var.ty.shape.values[1:]], rows.var.ty.dtype)

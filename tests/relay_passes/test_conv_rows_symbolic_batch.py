@@ -249,6 +249,33 @@ class _Ghost(nn.Module):
         return self.out(ghost)
 
 
+class _DeepSkip(nn.Module):
+    """Three pools down, a transposed conv one level up, joined with the skip: the importer
+    unifies ``h // 4`` with ``h // 8 * 2``."""
+
+    def __init__(self):
+        super().__init__()
+        self.down = nn.Conv2d(3, 8, 3, padding=1)
+        self.up = nn.ConvTranspose2d(8, 8, 2, stride=2)
+        self.out = nn.Conv2d(16, 8, 3, padding=1)
+
+    def forward(self, x):
+        skip = nn.functional.max_pool2d(nn.functional.max_pool2d(self.down(x), 2), 2)
+        deep = self.up(nn.functional.max_pool2d(skip, 2))
+        return self.out(torch.cat([deep, skip], 1))
+
+
+def test_a_skip_joined_at_a_size_no_shape_names_builds():
+    """The rows' check of the join matched ``shape([b, h // 4, w // 4])``, and TVM's
+    VMShapeLower computes no size a match_cast's value alone names: the bf16 build failed
+    with "Check failed: (it != slot_map_.end())" (a U-Net under dynamic image sizes)."""
+    torch.manual_seed(0)
+    net = _DeepSkip().eval()
+    model = _onnx(net, torch.randn(1, 3, 32, 32), {"x": {0: "batch", 2: "h", 3: "w"}})
+    mod, params = tvmamp.from_onnx(model)
+    _matches_torch(net, mod, params, ((1, 3, 32, 32), (2, 3, 24, 40)))
+
+
 def _on_rows_export(net, dynamic_size):
     torch.manual_seed(0)
     axes = {"x": {0: "batch", 2: "h", 3: "w"}} if dynamic_size else None
