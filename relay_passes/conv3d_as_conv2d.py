@@ -61,10 +61,17 @@ class _Rewriter(PyExprMutator):
         frames = [
             relax.op.strided_slice(data, [2], [k * dd], [k * dd + last], [sd]) for k in range(kd)
         ]
-        stacked = relax.op.stack(frames, axis=2)  # [N, C, KD, OD, H, W]
-        windows = relax.op.permute_dims(stacked, [0, 3, 1, 2, 4, 5])
+        groups = int(attrs.groups)
+        if groups == 1:  # channel kd * C + c: each frame's channels stay contiguous
+            stacked = relax.op.stack(frames, axis=1)  # [N, KD, C, OD, H, W]
+            windows = relax.op.permute_dims(stacked, [0, 3, 1, 2, 4, 5])
+            w2 = relax.op.permute_dims(weight, [0, 2, 1, 3, 4])  # [F, KD, C, KH, KW]
+        else:  # channel c * KD + kd: each group's channels stay contiguous
+            stacked = relax.op.stack(frames, axis=2)  # [N, C, KD, OD, H, W]
+            windows = relax.op.permute_dims(stacked, [0, 3, 1, 2, 4, 5])
+            w2 = weight
         x2 = bb.emit(relax.op.reshape(windows, (n * out_d, c * kd, h, w)))
-        w2 = relax.op.reshape(weight, (f, cg * kd, kh, kw))
+        w2 = relax.op.reshape(w2, (f, cg * kd, kh, kw))
         y = bb.emit(
             relax.op.nn.conv2d(
                 x2,
@@ -72,7 +79,7 @@ class _Rewriter(PyExprMutator):
                 strides=(sh, sw),
                 padding=(top, left, bottom, right),
                 dilation=(dh, dw),
-                groups=int(attrs.groups),
+                groups=groups,
                 out_dtype=attrs.out_dtype,
             )
         )
