@@ -25,7 +25,8 @@ All variants of a row are timed in one process with ``paired_medians``.
 Run: TVM_NUM_THREADS=1 python bench/bench_dynamic.py [--threads 1] [--repeat 9]
      [--sections rows moe onnx] [--models MODEL ...]
      (the image classifiers: --sections onnx --models tv_resnet18 ... poolformer_s12;
-      with dynamic image sizes: --models "tv_resnet18, dynamic size" ...)
+      with dynamic image sizes: --models "tv_resnet18, dynamic size" ...;
+      video classifiers: --models video_r2plus1d_18 video_s3d)
 """
 
 from __future__ import annotations
@@ -209,6 +210,11 @@ DYNAMIC_SIZE = [
 ]
 EXPORTS.update({f"{name}, dynamic size": (None, None, None, "vision_hw") for name in DYNAMIC_SIZE})
 EXPORTS["U-Net, dynamic size"] = (None, None, None, "unet_hw")
+# torchvision video classifiers with a dynamic batch: (2+1)D convs, and S3D's 3-D max pools
+# (S3D takes 16 frames of 224 px at least)
+EXPORTS["video_r2plus1d_18"] = (None, None, None, "video")
+EXPORTS["video_s3d"] = (None, None, None, "video_s3d")
+_TORCHVISION_KINDS = ("vision", "vision_hw", "video", "video_s3d")
 # input kind -> (input name, dynamic axes, the timed shape, a second shape checked)
 _INPUTS = {
     "text": ("input_ids", {0: "batch", 1: "seq"}, (2, 128), (3, 77)),
@@ -219,6 +225,8 @@ _INPUTS = {
     "vision": ("x", {0: "batch"}, (2, 3, 128, 128), (3, 3, 128, 128)),
     "vision_hw": ("x", {0: "batch", 2: "height", 3: "width"}, (2, 3, 128, 128), (1, 3, 96, 160)),
     "unet_hw": ("x", {0: "batch", 2: "height", 3: "width"}, (2, 3, 128, 128), (1, 3, 96, 160)),
+    "video": ("x", {0: "batch"}, (1, 3, 8, 64, 64), (2, 3, 8, 64, 64)),
+    "video_s3d": ("x", {0: "batch"}, (1, 3, 16, 224, 224), (2, 3, 16, 224, 224)),
 }
 
 
@@ -299,6 +307,10 @@ def _vision(name: str) -> torch.nn.Module:
 
         options = {"aux_logits": False, "init_weights": True} if name == "tv_googlenet" else {}
         model = getattr(torchvision.models, name[3:])(**options)
+    elif name.startswith("video_"):
+        import torchvision.models.video
+
+        model = getattr(torchvision.models.video, name[6:])()
     else:
         import timm
 
@@ -309,7 +321,7 @@ def _vision(name: str) -> torch.nn.Module:
 def _randomised_norms(model: torch.nn.Module) -> torch.nn.Module:
     """``model`` in eval mode with its batch-norm statistics randomised."""
     for module in model.modules():
-        if isinstance(module, torch.nn.BatchNorm2d):
+        if isinstance(module, torch.nn.BatchNorm2d | torch.nn.BatchNorm3d):
             module.running_mean.uniform_(-0.2, 0.2)
             module.running_var.uniform_(0.5, 1.5)
     return model.eval()
@@ -321,7 +333,7 @@ def _export(name: str, path: str) -> str:
     config_name, model_name, arguments, kind = EXPORTS[name]
     if kind in ("cnn", "cnn_hw"):
         model = _cnn()
-    elif kind in ("vision", "vision_hw"):
+    elif kind in _TORCHVISION_KINDS:
         model = _vision(name.split(",")[0])
     elif kind == "unet_hw":
         torch.manual_seed(0)
@@ -411,7 +423,7 @@ def main() -> None:
         "--models",
         nargs="+",
         choices=list(EXPORTS),
-        default=[name for name, spec in EXPORTS.items() if spec[3] not in ("vision", "vision_hw")],
+        default=[name for name, spec in EXPORTS.items() if spec[3] not in _TORCHVISION_KINDS],
         metavar="MODEL",
         help="the ONNX exports to run (default all but the torchvision/timm ones: "
         f"{', '.join(EXPORTS)})",

@@ -12,7 +12,7 @@ from tvm.ir.expr import Constant
 
 from tvmamp.tensors import int_or_expr, np_dtype
 
-from .symbolic_rows import whole_tiles
+from .symbolic_rows import is_whole, whole_tiles
 
 # relax's OpPatternKind.kOpaque: FuseOps leaves the gather alone, so that it stays one
 # contiguous copy per (pixel, tap) instead of being inlined into (and recomputing) its producers.
@@ -109,7 +109,8 @@ class Geometry:
     def image_pixel(self, r) -> tuple[tirx.PrimExpr, tirx.PrimExpr]:
         """``(image, pixel in the image)`` of output row ``r``; a padded row (past
         :attr:`pixels`) is the last real one."""
-        real = tirx.min(r, self.pixels - 1) if self.symbolic else r
+        padded = self.symbolic and not is_whole(self.pixels, self.row_tile)
+        real = tirx.min(r, self.pixels - 1) if padded else r
         per_image = divisor(self.out_h * self.out_w)
         return real // per_image, real % per_image
 
