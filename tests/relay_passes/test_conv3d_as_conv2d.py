@@ -37,12 +37,18 @@ CASES = [
 def test_conv3d_matches_torch(case, level):
     cin, cout, k, s, p, d, g, shape = case
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Conv3d(cin, cout, k, s, p, d, g), torch.nn.ReLU()).eval()
+    model = torch.nn.Sequential(torch.nn.Conv3d(cin, cout, k, s, p, d, g), torch.nn.ReLU())
+    _check_rewritten(model.eval(), shape, "relax.nn.conv3d", level, case)
+
+
+def _check_rewritten(model, shape, op: str, level: str, case) -> None:
+    """``model`` on a random ``shape`` input: ``op`` is rewritten away, and the ``level``
+    build matches torch within its dtype's tolerance."""
     x = torch.randn(shape)
     with torch.no_grad():
         ref = model(x).numpy()
     mod, params = tvmamp.from_torch(model, (x,))
-    assert "relax.nn.conv3d" not in _ops(Conv3dAsConv2d()(mod))
+    assert op not in _ops(Conv3dAsConv2d()(mod))
     exe = tvmamp.build(mod, level, "llvm", params=params)
     out = exe.vm["main"](tvm.runtime.tensor(x.numpy(), exe.device)).numpy()
     dtype = "float32" if level == "O0" else exe.policy.low_dtype
@@ -140,13 +146,5 @@ def test_max_pool3d_matches_torch(case, level):
     kernel, stride, padding, ceil, shape = case
     torch.manual_seed(0)
     pool = torch.nn.MaxPool3d(kernel, stride, padding, ceil_mode=ceil)
-    model = torch.nn.Sequential(torch.nn.Conv3d(shape[1], shape[1], 1), pool).eval()
-    x = torch.randn(shape)
-    with torch.no_grad():
-        ref = model(x).numpy()
-    mod, params = tvmamp.from_torch(model, (x,))
-    assert "relax.nn.max_pool3d" not in _ops(Conv3dAsConv2d()(mod))
-    exe = tvmamp.build(mod, level, "llvm", params=params)
-    out = exe.vm["main"](tvm.runtime.tensor(x.numpy(), exe.device)).numpy()
-    dtype = "float32" if level == "O0" else exe.policy.low_dtype
-    assert_close(out, ref, **tolerance(dtype, np.abs(ref).max()), what=f"{case} {level}")
+    model = torch.nn.Sequential(torch.nn.Conv3d(shape[1], shape[1], 1), pool)
+    _check_rewritten(model.eval(), shape, "relax.nn.max_pool3d", level, case)
