@@ -278,10 +278,11 @@ def _check_external_data_loaded(onnx, model) -> None:
         if t.data_location == onnx.TensorProto.EXTERNAL and not t.HasField("raw_data")
     ]
     if external:
+        named = ", ".join(external[:3]) + (", ..." if len(external) > 3 else "")
         raise ValueError(
-            f"{_COMPONENT}: the data of {len(external)} initializers ({external[:3]}...) is in "
-            "external files that were not loaded with the model; pass the model's path, or load "
-            "it with onnx.load(path) (which reads them from the model's directory)"
+            f"{_COMPONENT}: the data of {len(external)} initializers ({named}) is in external "
+            "files that were not loaded with the model; pass the model's path, or load it with "
+            "onnx.load(path) (which reads them from the model's directory)"
         )
 
 

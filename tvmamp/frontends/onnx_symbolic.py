@@ -77,8 +77,8 @@ def symbolic_converters():
 def _naming_failures(op: str, converter):
     """A subclass of ``converter`` whose failures raise :class:`UnsupportedOperatorError`
     naming ``op``: TVM's converters assert on inputs they do not handle (a
-    ``SkipLayerNormalization`` without bias: "Missing outputs during conversion"), and an
-    ``AssertionError`` escaped the CLI as a traceback."""
+    ``SkipLayerNormalization`` without bias: "import currently only supports required beta and
+    bias"), and an ``AssertionError`` escaped the CLI as a traceback."""
     from .common import UnsupportedOperatorError
 
     class Named(converter):
