@@ -109,7 +109,8 @@ def make_target(options: dict) -> tvm.target.Target:
     """
     spec = {"kind": "llvm", "num-cores": _num_cores()}
     for key, value in options.items():
-        spec[key] = int(value) if key == "num-cores" else value
+        spec[key] = _cores(value) if key == "num-cores" else value
+    _check_triple(spec.get("mtriple"))
     if spec.get("mcpu", "native") == "native":
         if _is_host_arch(spec.get("mtriple")):
             spec["mcpu"] = host_cpu()
@@ -123,6 +124,41 @@ def make_target(options: dict) -> tvm.target.Target:
         raise ValueError(f"tvmamp: TVM rejected llvm target options {options!r}: {err}") from None
     _check_cpu(target)
     return target
+
+
+def _cores(value) -> int:
+    """A ``num-cores`` option as a positive int (ValueError naming it otherwise)."""
+    try:
+        cores = int(value)
+    except (TypeError, ValueError):
+        cores = 0
+    if cores < 1 or str(value).strip() in ("", "true"):
+        raise ValueError(
+            f"tvmamp: num-cores={value!r} is not a positive number of cores "
+            "(give e.g. -num-cores=4, or leave it out for the runtime's thread count)"
+        )
+    return cores
+
+
+# LLVM architectures known under other names in triples
+_ARCH_ALIASES = {"amd64": "x86_64", "x86": "i386", "i486": "i386", "i586": "i386", "i686": "i386"}
+
+
+def _check_triple(triple: str | None) -> None:
+    """Refuse an ``mtriple`` whose architecture LLVM has no backend for: TVM's CPU list lookup
+    segfaulted on ``-mtriple=garbage``."""
+    if not triple:
+        return
+    arch = str(triple).split("-", 1)[0].lower()
+    arch = _ARCH_ALIASES.get(arch, arch)
+    known = [str(t) for t in codegen.llvm_get_targets()]
+    # versioned names (armv7a, thumbv7em, riscv64gc) start with their backend's
+    if not any(arch.startswith(name) for name in known):
+        raise ValueError(
+            f"tvmamp: mtriple={triple!r} names no architecture LLVM can build for (its "
+            f"architecture {arch!r} is not one of {', '.join(known)}); e.g. "
+            "-mtriple=x86_64-linux-gnu or aarch64-linux-gnu"
+        )
 
 
 def _is_host_arch(triple: str | None) -> bool:

@@ -89,11 +89,35 @@ def test_compile_then_run_matches_the_python_api(tmp_path, capsys):
         (["compile", "simplenet", "--level", "O9", "-o", "x.so"], "level 'O9' is not one of"),
         (["run", "missing.so", "--inputs", "x.npy"], "no such file"),
         (["compile", "simplenet", "-o", "/nonexistent/dir/x.so"], "does not exist"),
+        # TVM's CPU list lookup segfaulted on an unknown triple
+        (["stats", "simplenet", "--target", "llvm -mtriple=garbage"], "names no architecture"),
+        (["stats", "simplenet", "--target", "llvm -num-cores=0"], "not a positive number"),
+        # TVM's thread pool aborted the process
+        (["profile", "simplenet", "--threads", "100000"], "is not between 1 and"),
+        # an ImportError escaped as a traceback
+        (["stats", "nosuchmodule:build"], "nosuchmodule"),
     ],
 )
 def test_errors_are_reported_without_a_traceback(argv, message, capsys):
     assert main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def test_run_output_names_what_it_writes(tmp_path, capsys):
+    """``-o out.txt`` printed "wrote out.txt" and wrote out.txt.npy; ``-o x.npy`` kept the
+    first of several outputs and dropped the others."""
+    from tvmamp.commands.run import _save
+
+    library = tmp_path / "m.so"
+    library.write_bytes(b"")
+    argv = ["run", str(library), "--inputs", "x.npy", "-o", str(tmp_path / "out.txt")]
+    assert main(argv) == 2
+    assert "must end in .npy (one output) or .npz" in capsys.readouterr().err
+    outputs = [np.ones(2, "float32"), np.zeros(3, "float32")]
+    with pytest.raises(ValueError, match="has 2 outputs"):
+        _save(str(tmp_path / "y.npy"), outputs)
+    _save(str(tmp_path / "y.npz"), outputs)
+    np.testing.assert_array_equal(np.load(tmp_path / "y.npz")["arr_1"], outputs[1])
 
 
 def _embedding_model(batch):

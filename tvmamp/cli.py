@@ -38,7 +38,7 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (ValueError, TypeError, FileNotFoundError, RuntimeError) as err:
+    except (ValueError, TypeError, OSError, ImportError, RuntimeError) as err:
         print(f"tvmamp {args.command}: error: {err}", file=sys.stderr)
         return 2
 

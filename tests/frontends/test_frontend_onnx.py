@@ -120,6 +120,12 @@ def test_inputs_and_outputs_of_unknown_rank(rng):
         np.testing.assert_array_equal(out, np.maximum(x, 0))
 
 
+def test_a_shape_dict_of_another_rank_is_refused():
+    """TVM took ``(6,)`` for a ``[2, 3]`` input and built a model of rank 1 without a word."""
+    with pytest.raises(ValueError, match=r"shape_dict\['x'\] has 1 dimensions, .* has 2"):
+        from_onnx(_relu_model(), shape_dict={"x": (6,)})
+
+
 def test_external_data_is_read_from_the_model_directory_only(cnn, rng, tmp_path, monkeypatch):
     """A model loaded without its external data would read a file of the same name from the
     working directory: refused."""

@@ -67,9 +67,11 @@ def _check_args(args) -> None:
 
     if args.level not in LEVELS:
         raise ValueError(f"tvmamp profile: level {args.level!r} is not one of {', '.join(LEVELS)}")
-    if args.threads is not None and args.threads < 1:
+    # TVM's thread pool aborts the process past a few thousand threads (--threads 100000)
+    most = max(64, 4 * (os.cpu_count() or 1))
+    if args.threads is not None and not 1 <= args.threads <= most:
         raise ValueError(
-            f"tvmamp profile: --threads {args.threads} is not a positive integer "
+            f"tvmamp profile: --threads {args.threads} is not between 1 and {most} "
             f"(this machine has {os.cpu_count()} CPUs)"
         )
     if args.rounds < 1:

@@ -60,6 +60,8 @@ def run(args) -> int:
 
     if not os.path.isfile(args.library):
         raise FileNotFoundError(f"tvmamp run: no such file {args.library!r}")
+    if args.output and not args.output.endswith((".npy", ".npz")):
+        raise ValueError(f"tvmamp run: -o {args.output!r} must end in .npy (one output) or .npz")
     arrays = load_inputs(args.inputs)
     print(f"[run] loading {args.library} ...", file=sys.stderr, flush=True)
     lib = tvm.runtime.load_module(args.library)
@@ -85,8 +87,15 @@ def run(args) -> int:
 
 
 def _save(path, outputs) -> None:
+    """Write ``outputs`` to ``path`` (``.npy`` or ``.npz``, checked before the run): an ``.npz``
+    of them all, or one ``.npy``, which cannot hold several outputs (the others were lost)."""
     if path.endswith(".npz"):
         np.savez(path, *outputs)
+    elif len(outputs) > 1:
+        raise ValueError(
+            f"tvmamp run: the model has {len(outputs)} outputs; -o {path!r} holds one, give a "
+            ".npz path to write them all"
+        )
     else:
         np.save(path, outputs[0])
     print(f"wrote {path}")

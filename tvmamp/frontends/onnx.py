@@ -82,6 +82,7 @@ def from_onnx(
     from tvm.relax.frontend.onnx import from_onnx as tvm_from_onnx
 
     shapes = _checked_shapes(shape_dict)
+    _check_ranks(model, shapes)
     model = _without_initializer_inputs(onnx, model)
     if opset is None:
         model = upgrade_old_ops(onnx, model)
@@ -129,6 +130,24 @@ def _checked_shapes(shape_dict) -> dict:
             )
         shapes[name] = [None if d is None else int(d) for d in dims]
     return shapes
+
+
+def _check_ranks(model, shapes: dict) -> None:
+    """A ``shape_dict`` entry must have the rank its input declares: TVM took ``(4,)`` for a
+    ``[batch, 4]`` input and built a model of another rank without a word."""
+    for value in model.graph.input:
+        dims = shapes.get(value.name)
+        tensor = value.type.tensor_type
+        if dims is None or not tensor.HasField("shape"):
+            continue
+        declared = [
+            d.dim_value if d.HasField("dim_value") else d.dim_param or "?" for d in tensor.shape.dim
+        ]
+        if len(dims) != len(declared):
+            raise ValueError(
+                f"{_COMPONENT}: shape_dict[{value.name!r}] has {len(dims)} dimensions, but the "
+                f"model's input has {len(declared)}: {tuple(declared)}"
+            )
 
 
 def _valid_dim(dim) -> bool:
