@@ -96,6 +96,9 @@ def test_compile_then_run_matches_the_python_api(tmp_path, capsys):
         (["profile", "simplenet", "--threads", "100000"], "is not between 1 and"),
         # an ImportError escaped as a traceback
         (["stats", "nosuchmodule:build"], "nosuchmodule"),
+        # these failed after the compile, in the linker or TVM's .tar export
+        (["compile", "simplenet", "-o", "."], "names no file"),
+        (["compile", "simplenet", "-o", "model.tar"], "must end in .so"),
     ],
 )
 def test_errors_are_reported_without_a_traceback(argv, message, capsys):

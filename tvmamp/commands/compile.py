@@ -74,6 +74,14 @@ def _log(msg: str) -> None:
 
 def _check_output(path: str) -> None:
     """Refuse an output path that cannot be written before the (long) compile, not after."""
+    if not path or path.endswith(os.sep) or os.path.isdir(path):
+        raise ValueError(
+            f"tvmamp compile: -o {path!r} names no file (give a library path such as model.so)"
+        )
+    if not path.endswith(".so"):
+        # TVM's .tar route takes no linker options (the CPU guard's), and others need a linker
+        # of their own: both failed after the compile
+        raise ValueError(f"tvmamp compile: -o {path!r} must end in .so (a shared library)")
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise ValueError(f"tvmamp compile: the folder of -o {path!r} does not exist: {folder}")
