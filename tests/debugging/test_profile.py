@@ -235,7 +235,7 @@ def test_cli_profiles_a_builtin_model(capsys):
     [
         (["convnet", "--level", "O5"], "level 'O5' is not one of O0, O1, O2, O3, OD, auto"),
         (["nosuch"], "cannot load model 'nosuch': give a built-in model (convnet"),
-        (["convnet", "--threads", "0"], "--threads 0 is not a positive integer"),
+        (["convnet", "--threads", "0"], "--threads 0 is not between 1 and"),
         (["convnet", "--target", "cuda"], "target 'cuda' is not supported"),
     ],
 )
