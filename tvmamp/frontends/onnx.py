@@ -8,7 +8,12 @@ from collections.abc import Mapping
 import numpy as np
 
 from .common import UnsupportedOperatorError, require, split_params
-from .onnx_fold import constant_initializers, fold_shape_constants, prepare_for_import
+from .onnx_fold import (
+    constant_initializers,
+    fold_shape_constants,
+    in_default_domain,
+    prepare_for_import,
+)
 from .onnx_rnn import RECURRENT_OPS, expand_recurrent
 from .onnx_symbolic import symbolic_converters
 from .onnx_versions import graph_nodes, upgrade_old_ops
@@ -104,9 +109,8 @@ def from_onnx(
             raise
         # TVM's importer asserts on what it cannot read ("Missing outputs during conversion.
         # Expected 4 but Got 3 in SkipLayerNormalization."): a ValueError that the CLI reports
-        text = str(err).strip() or type(err).__name__
         raise ValueError(
-            f"{_COMPONENT}: TVM's ONNX importer failed: {type(err).__name__}: {text}"
+            f"{_COMPONENT}: TVM's ONNX importer failed: {type(err).__name__}: {_error_text(err)}"
         ) from err
     func = mod["main"]
     values = list(func.attrs["params"]) if "params" in func.attrs else []
@@ -173,11 +177,7 @@ def _with_partial_shapes(onnx, model, shapes):
         tensor = value.type.tensor_type
         if not tensor.HasField("shape"):  # unknown rank: a None dim becomes an unnamed one
             tensor.shape.dim.extend(onnx.TensorShapeProto.Dimension() for _ in dims)
-        if len(tensor.shape.dim) != len(dims):
-            raise ValueError(
-                f"{_COMPONENT}: shape_dict[{value.name!r}] has {len(dims)} dimensions, but "
-                f"the model's input has {len(tensor.shape.dim)}"
-            )
+        # a declared rank was checked against the dims first (_check_ranks)
         for dim, size in zip(tensor.shape.dim, dims):
             if size is not None:
                 dim.dim_value = size
@@ -205,6 +205,11 @@ def _symbolic_inputs(model, shapes):
     return found
 
 
+def _error_text(err) -> str:
+    """``err``'s message, or its type's name where it has none."""
+    return str(err).strip() or type(err).__name__
+
+
 def _symbolic_error(err, symbolic):
     if isinstance(err, UnsupportedOperatorError):
         cls = UnsupportedOperatorError
@@ -218,7 +223,7 @@ def _symbolic_error(err, symbolic):
         f"{name!r}: ({', '.join(str(d) if isinstance(d, int) else '...' for d in dims or ['...'])})"
         for name, dims in symbolic.items()
     )
-    text = str(err).strip() or type(err).__name__
+    text = _error_text(err)
     message = (
         f"{_COMPONENT}: TVM's ONNX importer failed on a model with symbolic input dimensions "
         f"({described}); TVM does not support every op with symbolic shapes. Pass static "
@@ -336,7 +341,7 @@ def _known(node, known: set) -> bool:
 
 def _qualified(node) -> str:
     """``node``'s op type, with its domain where that is not ONNX's."""
-    return node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
+    return node.op_type if in_default_domain(node) else f"{node.domain}::{node.op_type}"
 
 
 def _check_keys(mapping, inputs, what):

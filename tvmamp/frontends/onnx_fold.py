@@ -113,19 +113,27 @@ def fold_shape_constants(model, shape_dict: Mapping[str, tuple] | None = None):
 def _constant_names(graph):
     inputs = {i.name for i in graph.input}
     names = {t.name for t in graph.initializer if t.name not in inputs}
-    names.update(n.output[0] for n in graph.node if n.op_type == "Constant" and _default(n))
+    names.update(
+        n.output[0] for n in graph.node if n.op_type == "Constant" and in_default_domain(n)
+    )
     return names
 
 
-def _default(node):
+def in_default_domain(node) -> bool:
+    """Whether ``node`` is an op of ONNX's own domain ("" or "ai.onnx")."""
     return node.domain in ("", "ai.onnx")
+
+
+def default_opset(model) -> int:
+    """The model's opset of the default ONNX domain (1 when it declares none)."""
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
 
 
 def _worth_trying(graph):
     """Whether a node might fold: a Shape or Size, or a node of constant inputs (cheap)."""
     constants = None
     for node in graph.node:
-        if not _default(node):
+        if not in_default_domain(node):
             continue
         if node.op_type in ("Shape", "Size"):
             return True
@@ -146,15 +154,15 @@ class _Folder:
         self.model = model
         self.shape_dict = shape_dict
         graph = model.graph
-        self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+        self.opset = default_opset(model)
         inputs = {i.name for i in graph.input}
         # name -> (element count, TensorProto) of initializers and Constant values, read lazily
         self.sources = {
             t.name: (_count(t.dims), t) for t in graph.initializer if t.name not in inputs
         }
         for node in graph.node:
-            if node.op_type == "Constant" and _default(node) and node.output:
-                source = _constant_source(node)
+            if node.op_type == "Constant" and in_default_domain(node) and node.output:
+                source = constant_source(node)
                 if source is not None:
                     self.sources[node.output[0]] = source
         self.values = {}  # name -> numpy array, of folded and of read constants
@@ -211,7 +219,7 @@ class _Folder:
 
     def run(self):
         for index, node in enumerate(self.model.graph.node):
-            if not _default(node) or node.op_type in _NEVER:
+            if not in_default_domain(node) or node.op_type in _NEVER:
                 continue
             if any(a.type in (5, 10) or a.HasField("g") or len(a.graphs) for a in node.attribute):
                 continue  # GRAPH/GRAPHS attributes: If, Loop, Scan...
@@ -318,7 +326,7 @@ class _Folder:
         return [next(it) if n else None for n in node.output]
 
 
-def _constant_source(node):
+def constant_source(node):
     """(element count, TensorProto or array) of a Constant node's value, or None."""
     for a in node.attribute:
         if a.name == "value":
@@ -594,7 +602,7 @@ def constant_initializers(model):
     inputs = {i.name for i in graph.input}
     slots = set()
     for node in graph.node:
-        if _default(node):
+        if in_default_domain(node):
             for k in _SHAPE_SLOTS.get(node.op_type, ()):
                 if k < len(node.input) and node.input[k]:
                     slots.add(node.input[k])
@@ -658,8 +666,8 @@ def prepare_for_import(model, shape_dict: Mapping[str, tuple] | None = None):
     for t in graph.initializer:
         values[t.name] = t
     for node in graph.node:
-        if node.op_type == "Constant" and _default(node) and node.output:
-            source = _constant_source(node)
+        if node.op_type == "Constant" and in_default_domain(node) and node.output:
+            source = constant_source(node)
             if source is not None:
                 values[node.output[0]] = source[1]
 
@@ -677,7 +685,7 @@ def prepare_for_import(model, shape_dict: Mapping[str, tuple] | None = None):
     producers = {out: node for node in graph.node for out in node.output}
     edits = []  # (node index, new inputs or None, new attributes or None, nodes or None)
     for index, node in enumerate(graph.node):
-        if not _default(node):
+        if not in_default_domain(node):
             continue
         new_inputs = new_attrs = replacement = None
         if node.op_type == "Resize":
@@ -755,7 +763,7 @@ def _tile(onnx, model, node, producers, array, shapes):
     (:func:`.onnx_tile.tile_as_expand`), where its repeats are a ``Concat`` of one-element
     int64 parts; else None (TVM's converter)."""
     concat = producers.get(node.input[1])
-    if concat is None or concat.op_type != "Concat" or not _default(concat):
+    if concat is None or concat.op_type != "Concat" or not in_default_domain(concat):
         return None
     for part in concat.input:
         value = array(part)
@@ -884,7 +892,11 @@ def _drop_unread_constants(graph):
     kept = [
         n
         for n in graph.node
-        if not (n.op_type == "Constant" and _default(n) and not any(o in used for o in n.output))
+        if not (
+            n.op_type == "Constant"
+            and in_default_domain(n)
+            and not any(o in used for o in n.output)
+        )
     ]
     if len(kept) != len(graph.node):
         del graph.node[:]

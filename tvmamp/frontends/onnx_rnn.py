@@ -30,7 +30,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from .common import UnsupportedOperatorError
-from .onnx_fold import inferred_shapes, node_reads, used_names
+from .onnx_fold import default_opset, inferred_shapes, node_reads, used_names
 
 _COMPONENT = "tvmamp.from_onnx"
 
@@ -78,7 +78,7 @@ def expand_recurrent(model, shape_dict: Mapping[str, tuple] | None = None, opset
     out = onnx.ModelProto()
     out.CopyFrom(model)
     if opset is None:
-        opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+        opset = default_opset(model)
     graph = _Graph(onnx, out, shape_dict or {}, int(opset))
     nodes, replaced_inputs = [], set()
     for index, node in enumerate(out.graph.node):

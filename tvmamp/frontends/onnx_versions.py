@@ -25,6 +25,7 @@ onto the converted nodes.
 from __future__ import annotations
 
 from .common import UnsupportedOperatorError
+from .onnx_fold import constant_source, default_opset, in_default_domain
 
 _COMPONENT = "tvmamp.from_onnx"
 UPGRADED_OPSET = 13
@@ -45,11 +46,6 @@ _LEGACY_BROADCAST = {"Add", "Sub", "Mul", "Div", "Pow", "And", "Or", "Xor", "Equ
 _LEGACY_BROADCAST |= {"Less", "Gemm", "PRelu"}
 # ops whose converted Resize needs its coordinate mapping restored
 _RESAMPLERS = {"Upsample", "Resize"}
-
-
-def default_opset(model) -> int:
-    """The model's opset of the default ONNX domain (1 when it declares none)."""
-    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
 
 
 def upgrade_old_ops(onnx, model):
@@ -89,7 +85,7 @@ def graph_nodes(graph):
 
 
 def _misread(node, opset: int) -> bool:
-    if node.domain not in ("", "ai.onnx"):
+    if not in_default_domain(node):
         return False
     if opset <= _MISREAD.get(node.op_type, 0):
         return True
@@ -142,8 +138,10 @@ def _scales(onnx, model, node) -> list[float] | None:
         if tensor.name == name:
             return [float(s) for s in onnx.numpy_helper.to_array(tensor).ravel()]
     for source in model.graph.node:
-        if source.op_type == "Constant" and list(source.output) == [name]:
-            value = _attribute(source, "value")
-            if value is not None:
-                return [float(s) for s in onnx.numpy_helper.to_array(value).ravel()]
+        found = constant_source(source) if source.op_type == "Constant" else None
+        if found is not None and list(source.output) == [name]:
+            value = found[1]
+            if isinstance(value, onnx.TensorProto):
+                value = onnx.numpy_helper.to_array(value)
+            return [float(s) for s in value.ravel()]
     return None
