@@ -210,7 +210,6 @@ def _schedule(sch: s_tir.Schedule, target: Target) -> bool:
     lanes = vector_lanes(target, "float32")  # bf16 is widened to fp32 for the arithmetic
     n, c, h, w, *window = sch.get_loops(pool)
     batch, channels, height, width = (nominal(sch.get(loop).extent) for loop in (n, c, h, w))
-    channels = _extent(sch, c)
     if symbolic:
         row_lanes = 0
     else:
