@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 
 # Each module defines ``register(subparsers)``, which adds its parser and sets ``func``.
@@ -39,7 +40,9 @@ def main(argv=None) -> int:
     try:
         return int(args.func(args) or 0)
     except (ValueError, TypeError, OSError, ImportError, RuntimeError) as err:
-        print(f"tvmamp {args.command}: error: {err}", file=sys.stderr)
+        # messages name their origin for API users ("tvmamp run: ..."); the prefix says it here
+        text = re.sub(r"^tvmamp( \w+)?: ", "", str(err))
+        print(f"tvmamp {args.command}: error: {text}", file=sys.stderr)
         return 2
 
 

@@ -8,7 +8,7 @@ import pytest
 
 import tvmamp
 from tvmamp import suite
-from tvmamp.cli import main
+from tvmamp.cli import build_parser, main
 from tvmamp.frontends import from_onnx
 
 torch = pytest.importorskip("torch")
@@ -168,3 +168,56 @@ def test_bad_model_and_unsupported_op_errors(tmp_path, capsys):
     for name, message in cases:
         assert main(["compile", str(tmp_path / name), "-o", str(tmp_path / "x.so")]) == 2
         assert message in capsys.readouterr().err
+
+
+def test_files_of_the_wrong_kind_are_named(tmp_path, capsys):
+    """A checkpoint or TorchScript module saved as .pt2 printed torch's logged traceback and
+    "check the warnings above"; JSON and numpy errors did not name the file."""
+    module, example = two_inputs()
+    torch.save(module.state_dict(), tmp_path / "weights.pt2")
+    torch.jit.trace(module, example).save(tmp_path / "script.pt2")
+    (tmp_path / "text.json").write_text("not json")
+    (tmp_path / "text.npy").write_text("not numpy")
+    (tmp_path / "m.so").write_bytes(b"")
+    cases = [
+        (["stats", tmp_path / "weights.pt2"], "it holds a torch.save checkpoint"),
+        (["stats", tmp_path / "script.pt2"], "it holds a TorchScript module"),
+        (["stats", tmp_path / "text.json"], "text.json' is not a module saved with tvm.ir"),
+        (
+            ["run", tmp_path / "m.so", "--inputs", tmp_path / "text.npy"],
+            "is not a numpy .npy or .npz",
+        ),
+    ]
+    for argv, message in cases:
+        assert main([str(arg) for arg in argv]) == 2
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err, err
+        assert "error: tvmamp" not in err  # the CLI's prefix is said once
+
+
+def test_inspect_search_and_tune_take_input_shapes(tmp_path, capsys):
+    """They told users of a TorchScript file to pass --input-shape, which they did not take."""
+    module, example = two_inputs()
+    torch.jit.trace(module, example).save(tmp_path / "m.pt")
+    shapes = ["--input-shape", "3,16", "--input-shape", "3,16"]
+    assert main(["inspect", str(tmp_path / "m.pt"), *shapes, "--target", TARGET]) == 0
+    assert "casts inserted" in capsys.readouterr().out
+    for command in (["search", "--inputs", "x.npz", "-o", "p.json"], ["tune"]):
+        args = build_parser().parse_args([command[0], "m.pt", *shapes, *command[1:]])
+        assert args.input_shape == ["3,16", "3,16"]
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["demo", "--batch", "0"], "argument --batch: 0 is less than 1"),
+        (["demo", "--hidden", "x"], "argument --hidden: 'x' is not an integer"),
+        (["run", "m.so", "--inputs", "x.npy", "--repeat", "-1"], "--repeat: -1 is less than 0"),
+        (["tune", "simplenet", "--trials", "0"], "argument --trials: 0 is less than 1"),
+    ],
+)
+def test_counts_are_checked_by_the_parser(argv, message, capsys):
+    """``demo --batch 0`` failed with numpy's "zero-size array" after building."""
+    with pytest.raises(SystemExit):
+        main(argv)
+    assert message in capsys.readouterr().err

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
+import os
+
+import numpy as np
+
 
 def add_build_options(p) -> None:
     """--level/--target/--dtype and the list options of tvmamp.build."""
@@ -41,6 +46,44 @@ def add_shape_option(p) -> None:
         help="input shape, once per input in order (NAME= for ONNX input names); a ? dimension "
         "keeps an ONNX model's own (symbolic) one: --input-shape input_ids=?,128",
     )
+
+
+def load_model_arg(args):
+    """``(mod, params)`` for ``args.model`` with its ``--input-shape`` values."""
+    from tvmamp.frontends.files import parse_input_shapes
+    from tvmamp.frontends.model_spec import load_model
+
+    return load_model(args.model, input_shapes=parse_input_shapes(args.input_shape))
+
+
+def count(least: int):
+    """An argparse ``type``: an integer of at least ``least``, refused with the value named."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"{value} is less than {least}")
+        return value
+
+    return parse
+
+
+def read_arrays(path: str, who: str) -> list[np.ndarray]:
+    """The arrays of an ``.npy`` file, or of an ``.npz`` archive in stored order; a missing or
+    unreadable file is refused with its name."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{who}: no such file {path!r}")
+    try:
+        data = np.load(path)  # an array, or a lazy archive whose members are read below
+        if isinstance(data, np.ndarray):
+            return [data]
+        with data:
+            return [data[k] for k in data.files]
+    except (ValueError, OSError, EOFError) as err:  # numpy's errors for a file it cannot read
+        raise ValueError(f"{who}: {path!r} is not a numpy .npy or .npz file ({err})") from err
 
 
 def _split(text: str):

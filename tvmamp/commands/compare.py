@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from .common import add_build_options, add_shape_option, build_kwargs
+from .common import add_build_options, add_shape_option, build_kwargs, load_model_arg
 
 
 def register(subparsers) -> None:
@@ -33,12 +33,10 @@ def register(subparsers) -> None:
 def run(args) -> int:
     """Compare, print the summary, write accuracy.csv and accuracy.png."""
     from tvmamp import debugging, models
-    from tvmamp.frontends.files import parse_input_shapes
-    from tvmamp.frontends.model_spec import load_model
 
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     log(f"[compare] loading {args.model} ...")
-    mod, params = load_model(args.model, input_shapes=parse_input_shapes(args.input_shape))
+    mod, params = load_model_arg(args)
     inputs = models.example_inputs(mod, seed=args.seed)
     log(f"[compare] building and running fp32 and {args.level} instrumented builds ...")
     report = debugging.compare_accuracy(

@@ -7,7 +7,7 @@ import os
 import sys
 import time
 
-from .common import add_build_options, add_input_options, build_kwargs
+from .common import add_build_options, add_input_options, build_kwargs, load_model_arg
 
 _EPILOG = """\
 MODEL is one of:
@@ -93,14 +93,11 @@ def run(args) -> int:
     """Load, convert, compile and export, reporting each step and its time."""
     from tvmamp.conversion import convert
     from tvmamp.driver import compile_with_log, resolve_plan
-    from tvmamp.frontends.files import parse_input_shapes
-    from tvmamp.frontends.model_spec import load_model
 
-    shapes = parse_input_shapes(args.input_shape)
     _check_output(args.output)
     start = time.perf_counter()
     _log(f"[compile 1/4] loading and importing {args.model} ...")
-    mod, params = load_model(args.model, input_shapes=shapes)
+    mod, params = load_model_arg(args)
     _log(
         f"[compile 1/4] imported in {time.perf_counter() - start:.1f} s ({_describe(mod, params)})"
     )

@@ -6,6 +6,8 @@ import dataclasses
 import sys
 import time
 
+from .common import count
+
 
 def register(subparsers) -> None:
     """Add the ``demo`` parser."""
@@ -23,10 +25,10 @@ def register(subparsers) -> None:
     )
     p.add_argument("--target", default="llvm", help="target (default: llvm, the host CPU)")
     p.add_argument("--levels", default="O0,O1,O2", help="comma-separated levels (default O0,O1,O2)")
-    p.add_argument("--batch", type=int, default=256)
-    p.add_argument("--hidden", type=int, default=1024)
-    p.add_argument("--layers", type=int, default=9)
-    p.add_argument("--repeat", type=int, default=10, help="timed runs per level (median)")
+    p.add_argument("--batch", type=count(1), default=256)
+    p.add_argument("--hidden", type=count(1), default=1024)
+    p.add_argument("--layers", type=count(1), default=9)
+    p.add_argument("--repeat", type=count(1), default=10, help="timed runs per level (median)")
     p.set_defaults(func=run)
 
 

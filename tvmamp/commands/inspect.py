@@ -6,7 +6,7 @@ import argparse
 import sys
 import time
 
-from .common import add_build_options, build_kwargs
+from .common import add_build_options, add_shape_option, build_kwargs, load_model_arg
 
 
 def register(subparsers) -> None:
@@ -23,6 +23,7 @@ def register(subparsers) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_build_options(p)
+    add_shape_option(p)
     p.add_argument(
         "-arch",
         "--arch",
@@ -41,7 +42,6 @@ def register(subparsers) -> None:
 def run(args) -> int:
     """Build, then print the AMP report and the per-kernel tensor-core table."""
     from tvmamp.driver import build
-    from tvmamp.frontends.model_spec import load_model
     from tvmamp.targets import resolve_target
 
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
@@ -53,7 +53,7 @@ def run(args) -> int:
     if args.ptx and not emits_ptx:
         raise ValueError(f"tvmamp inspect: --ptx needs a CUDA target, got {entry.name!r}")
     log(f"[inspect] loading {args.model} ...")
-    mod, params = load_model(args.model)
+    mod, params = load_model_arg(args)
     log(f"[inspect] converting at {args.level} and compiling for {kwargs['target']} ...")
     start = time.perf_counter()
     exe = build(mod, params=params, **kwargs)

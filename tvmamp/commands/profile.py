@@ -8,7 +8,7 @@ import os
 import sys
 import time
 
-from .common import add_build_options, add_input_options, build_kwargs
+from .common import add_build_options, add_input_options, build_kwargs, count, load_model_arg
 
 _EPILOG = """\
 MODEL is anything 'tvmamp compile' takes: a built-in model (simplenet, convnet, transformer,
@@ -46,7 +46,9 @@ def register(subparsers) -> None:
         default=None,
         help="TVM runtime threads (default: TVM_NUM_THREADS, else every physical core)",
     )
-    p.add_argument("--rounds", type=int, default=3, help="instrumented calls (median; default 3)")
+    p.add_argument(
+        "--rounds", type=count(1), default=3, help="instrumented calls (median; default 3)"
+    )
     p.add_argument(
         "--threshold",
         type=float,
@@ -74,8 +76,6 @@ def _check_args(args) -> None:
             f"tvmamp profile: --threads {args.threads} is not between 1 and {most} "
             f"(this machine has {os.cpu_count()} CPUs)"
         )
-    if args.rounds < 1:
-        raise ValueError(f"tvmamp profile: --rounds {args.rounds} is not a positive integer")
     from tvmamp.debugging.peaks import runs_on_host
 
     if not runs_on_host(args.target):
@@ -106,11 +106,9 @@ def run(args) -> int:
     threads = _set_threads(args.threads)
     from tvmamp import debugging, models
     from tvmamp.driver import build
-    from tvmamp.frontends.files import parse_input_shapes
-    from tvmamp.frontends.model_spec import load_model
 
     _log(f"[profile 1/4] loading {args.model} ...")
-    mod, params = load_model(args.model, input_shapes=parse_input_shapes(args.input_shape))
+    mod, params = load_model_arg(args)
     inputs = models.example_inputs(mod)  # before the build: a symbolic input fails here
     _log(f"[profile 2/4] building at {args.level} for {args.target} (the longest step) ...")
     start = time.perf_counter()

@@ -9,6 +9,8 @@ import time
 
 import numpy as np
 
+from .common import count, read_arrays
+
 
 def register(subparsers) -> None:
     """Add the ``run`` parser."""
@@ -31,7 +33,9 @@ def register(subparsers) -> None:
         "order of main's inputs",
     )
     p.add_argument("-o", "--output", default=None, help="save the output(s) to this .npy/.npz")
-    p.add_argument("--repeat", type=int, default=0, help="also time N runs and print the median")
+    p.add_argument(
+        "--repeat", type=count(0), default=0, help="also time N runs and print the median"
+    )
     p.set_defaults(func=run)
 
 
@@ -39,15 +43,9 @@ def load_inputs(paths) -> list[np.ndarray]:
     """Arrays from .npy files and .npz archives (each archive's arrays in stored order)."""
     arrays = []
     for path in paths:
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"tvmamp run: no such file {path!r}")
-        if path.endswith(".npz"):
-            with np.load(path) as archive:
-                arrays += [archive[k] for k in archive.files]
-        elif path.endswith(".npy"):
-            arrays.append(np.load(path))
-        else:
+        if not path.endswith((".npy", ".npz")):
             raise ValueError(f"tvmamp run: input {path!r} is not a .npy or .npz file")
+        arrays += read_arrays(path, "tvmamp run")
     return arrays
 
 
@@ -64,7 +62,12 @@ def run(args) -> int:
         raise ValueError(f"tvmamp run: -o {args.output!r} must end in .npy (one output) or .npz")
     arrays = load_inputs(args.inputs)
     print(f"[run] loading {args.library} ...", file=sys.stderr, flush=True)
-    lib = tvm.runtime.load_module(args.library)
+    try:
+        lib = tvm.runtime.load_module(args.library)
+    except Exception as err:  # TVM raises its own error types for a file dlopen refuses
+        raise ValueError(
+            f"tvmamp run: cannot load {args.library!r} as a library: {str(err).splitlines()[-1]}"
+        ) from err
     check_library(lib)  # the CPU features it was compiled for, before any kernel runs
     vm = AlignedVirtualMachine(lib, tvm.cpu())
     inputs = [tvm.runtime.tensor(a, tvm.cpu()) for a in arrays]  # aligned copies

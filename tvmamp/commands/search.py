@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import os
 import sys
 
-import numpy as np
-
-from .common import add_build_options
+from .common import add_build_options, add_shape_option, load_model_arg, read_arrays
 
 
 def register(subparsers) -> None:
@@ -19,6 +16,7 @@ def register(subparsers) -> None:
         "and write the plan as JSON; apply it with 'tvmamp compile MODEL --plan plan.json'.",
     )
     add_build_options(p)
+    add_shape_option(p)
     p.set_defaults(level="O3")
     p.add_argument(
         "--inputs",
@@ -46,10 +44,7 @@ def register(subparsers) -> None:
 
 def load_samples(path: str) -> list[tuple]:
     """Samples from an .npz: arrays in file order, one per model input, samples along axis 0."""
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"no such calibration file {path!r}")
-    with np.load(path) as data:
-        arrays = [data[k] for k in data.files]
+    arrays = read_arrays(path, "tvmamp search")
     if not arrays or len({a.shape[0] for a in arrays}) != 1:
         raise ValueError(f"{path}: expected arrays with the same number of samples along axis 0")
     return [tuple(a[i] for a in arrays) for i in range(arrays[0].shape[0])]
@@ -57,10 +52,9 @@ def load_samples(path: str) -> list[tuple]:
 
 def run(args) -> int:
     """Search and save the plan."""
-    from tvmamp.frontends.model_spec import load_model
     from tvmamp.search import ErrorBudget, search_precision
 
-    mod, params = load_model(args.model)
+    mod, params = load_model_arg(args)
     samples = load_samples(args.inputs)
     print(
         f"[search] {len(samples)} samples, budget {args.budget:g} ({args.metric})",

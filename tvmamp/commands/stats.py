@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from .common import add_build_options, add_shape_option, build_kwargs
+from .common import add_build_options, add_shape_option, build_kwargs, load_model_arg
 
 
 def register(subparsers) -> None:
@@ -33,12 +33,10 @@ def run(args) -> int:
     from tvmamp import debugging, models
     from tvmamp.conversion import convert
     from tvmamp.driver import build
-    from tvmamp.frontends.files import parse_input_shapes
-    from tvmamp.frontends.model_spec import load_model
 
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     log(f"[stats] loading {args.model} ...")
-    mod, params = load_model(args.model, input_shapes=parse_input_shapes(args.input_shape))
+    mod, params = load_model_arg(args)
     if args.executed:
         log(f"[stats] building an instrumented model at {args.level} and running it once ...")
         inputs = models.example_inputs(mod)  # before the build: a symbolic input fails here

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from .common import add_build_options, build_kwargs
+from .common import add_build_options, add_shape_option, build_kwargs, count, load_model_arg
 
 
 def register(subparsers) -> None:
@@ -17,9 +17,10 @@ def register(subparsers) -> None:
         "continues a killed or shorter run. Use the log with tvmamp compile --tuning-log.",
     )
     add_build_options(p)
+    add_shape_option(p)
     p.set_defaults(level="O2")
     p.add_argument("--work-dir", default="logs/", help="tuning log directory (default logs/)")
-    p.add_argument("--trials", type=int, default=512, help="measured candidates in total")
+    p.add_argument("--trials", type=count(1), default=512, help="measured candidates in total")
     p.add_argument("--rpc-tracker", default=None, help="host:port of a TVM RPC tracker")
     p.add_argument("--rpc-key", default=None, help="device key registered with the tracker")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
@@ -28,14 +29,13 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     """Tune and print the per-kernel table."""
-    from tvmamp.frontends.model_spec import load_model
     from tvmamp.tuning import RPC, tune
 
     if (args.rpc_tracker is None) != (args.rpc_key is None):
         raise ValueError("--rpc-tracker and --rpc-key go together (give both or neither)")
     rpc = RPC(args.rpc_tracker, args.rpc_key) if args.rpc_tracker else None
     print(f"[tune] loading {args.model} ...", file=sys.stderr, flush=True)
-    mod, params = load_model(args.model)
+    mod, params = load_model_arg(args)
     result = tune(
         mod,
         work_dir=args.work_dir,

@@ -6,7 +6,10 @@ dimension given as ``?`` is ``None``: an ONNX model keeps its own (symbolic) dim
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import sys
+import zipfile
 
 import numpy as np
 
@@ -81,11 +84,52 @@ def load_exported_program_file(path: str, input_shapes=None):
 
     if input_shapes:
         raise ValueError(f"tvmamp: {path!r} is an exported program; its input shapes are fixed")
+    what = _not_an_exported_program(path)
+    if what:
+        raise ValueError(f"tvmamp: {path!r} is not a torch.export .pt2 archive: {what}")
     try:
-        program = torch.export.load(path)
+        # torch logs the cause with its traceback, then raises "check the warnings above"
+        with _logged_errors("torch.export") as logged:
+            program = torch.export.load(path)
     except Exception as err:  # torch raises several types for a corrupt archive
-        raise ValueError(f"tvmamp: {path!r} is not a torch.export .pt2 archive: {err}") from err
+        cause = logged[-1] if logged else err
+        raise ValueError(f"tvmamp: {path!r} is not a torch.export .pt2 archive: {cause}") from err
     return import_exported_program(program)
+
+
+def _not_an_exported_program(path: str) -> str | None:
+    """Why a ``.pt2`` file is not a ``torch.export.save`` archive, from its zip members' names
+    (``None`` where it may be one)."""
+    if not zipfile.is_zipfile(path):
+        return f"it is not a zip archive; {TORCHSCRIPT_HINT}"
+    names = {name.split("/", 1)[-1] for name in zipfile.ZipFile(path).namelist()}
+    if "constants.pkl" in names or any(name.startswith("code/") for name in names):
+        return "it holds a TorchScript module (torch.jit.save); give it a .pt suffix"
+    if "data.pkl" in names:
+        return f"it holds a torch.save checkpoint (weights or a pickled module); {TORCHSCRIPT_HINT}"
+    return None  # torch.export.load tells the rest (other archive versions included)
+
+
+@contextlib.contextmanager
+def _logged_errors(logger_name: str):
+    """Keep a logger's records from the console while the block runs; yields the list of the
+    exceptions they carried."""
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            if record.exc_info and record.exc_info[1] is not None:
+                errors.append(record.exc_info[1])
+
+    errors: list = []
+    logger, handler = logging.getLogger(logger_name), Keep()
+    propagate = logger.propagate
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        yield errors
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = propagate
 
 
 def load_torchscript_file(path: str, input_shapes=None):

@@ -19,7 +19,14 @@ FILE_LOADERS: dict = {}
 
 
 def _load_json(path):
-    return tvm.ir.load_json(open(path, encoding="utf-8").read()), None
+    try:
+        with open(path, encoding="utf-8") as f:
+            return tvm.ir.load_json(f.read()), None
+    except (ValueError, RuntimeError) as err:  # json's, UTF-8's and TVM's errors
+        raise ValueError(
+            f"tvmamp: {path!r} is not a module saved with tvm.ir.save_json: "
+            f"{str(err).strip().splitlines()[-1]}"
+        ) from err
 
 
 FILE_LOADERS[".json"] = _load_json
