@@ -19,7 +19,10 @@ from the block's read region and the loops around it:
 * the *pass* loop is the innermost loop outside the strip loops, of more than one iteration,
   that does not appear in the read index: each of its iterations walks the same strip again.
   Its ``P`` iterations share the prefetch: iteration ``r`` fetches the lines of the steps ``k``
-  with ``k % P == r``, so the fetches are spread evenly over the whole strip;
+  with ``k % P == r``, so the fetches are spread evenly over the whole strip. A symbolic ``P``
+  (the row tiles of a dynamic batch) would put a division in the innermost loop, so there
+  iteration ``r`` fetches the steps with ``r * K <= k * P < (r + 1) * K`` (``K`` steps in all):
+  the ``r``-th of ``P`` consecutive runs of the strip;
 * loops inside the outer strip loop that do not appear in the read index (the rows of the
   register tile) fetch only in their first iteration.
 
@@ -97,18 +100,29 @@ def _prefetch(
     passes = [
         loop
         for loop in loops[:strip]
-        if loop.loop_var not in used and (static_extent(loop.extent) or 0) > 1
+        if loop.loop_var not in used and (static_extent(loop.extent) or 2) > 1
     ]
     if not passes:
         return None
     walk = passes[-1]
-    conditions = [tirx.floormod(steps[0], static_extent(walk.extent)) == _count(walk)]
+    step, count, total = steps[0], _count(walk), _reduce_extent(block)
+    if static_extent(walk.extent) is not None:
+        conditions = [tirx.floormod(step, walk.extent) == count]
+    else:  # no division per step: pass r takes the r-th of P runs of the strip
+        at = step * walk.extent
+        conditions = [count * total <= at, at < (count + 1) * total]
     conditions += [_count(loop) == 0 for loop in loops[strip + 1 :] if loop.loop_var not in used]
     last = region.source.shape[axis] - 1
     index[axis] = tirx.min(index[axis] + ahead, last)
     address = tirx.address_of(tirx.BufferLoad(region.source, index))
     fetch = tirx.call_llvm_intrin("void", "llvm.prefetch.p0", address, _READ, _L2, _DATA)
     return tirx.IfThenElse(tirx.all(*conditions), tirx.Evaluate(fetch), None)
+
+
+def _reduce_extent(block: s_tir.SBlock) -> tirx.PrimExpr:
+    """The number of steps along the strip: the extent of the block's reduction iterator."""
+    (extent,) = [iv.dom.extent for iv in block.iter_vars if iv.iter_type == tirx.IterVar.CommReduce]
+    return extent
 
 
 def _count(loop: tirx.For) -> tirx.PrimExpr:

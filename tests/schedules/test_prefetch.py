@@ -66,6 +66,31 @@ def test_each_pass_fetches_its_share_of_the_next_strip_once_per_tile():
     tvm.ir.assert_structural_equal(_inject(_marked), expected)
 
 
+def test_a_symbolic_number_of_passes_fetches_runs_of_the_strip():
+    """Under a dynamic batch the passes are symbolic: pass i fetches the i-th of n runs of the
+    strip, with no division in the innermost loop (it had no prefetch at all)."""
+
+    @T.prim_func(s_tir=True)
+    def marked(a: T.handle, b: T.Buffer((4, 8), "float32"), c: T.handle):
+        n = T.int64()
+        A = T.match_buffer(a, (n * 4, 8))
+        C = T.match_buffer(c, (n * 4, 4))
+        for j, i, k, r in T.grid(T.int64(4), n, T.int64(8), T.int64(4)):
+            with T.sblock("c"):
+                vi = T.axis.spatial(n * 4, i * 4 + r)
+                vj, vk = T.axis.remap("SR", [j, k])
+                T.reads(A[vi, vk], b[vj, vk])
+                T.writes(C[vi, vj])
+                T.sblock_attr({KEY: [1, 0, 1]})
+                with T.init():
+                    C[vi, vj] = T.float32(0)
+                C[vi, vj] = C[vi, vj] + A[vi, vk] * b[vj, vk]
+
+    lowered = _inject(marked).script()
+    assert "i * T.int64(8) <= k * n and k * n < (i + T.int64(1)) * T.int64(8) and r" in lowered
+    assert "%" not in lowered and "//" not in lowered
+
+
 def test_a_strip_walked_once_gets_no_prefetch():
     """With one pass over each strip (a GEMV) there is no later walk to hide the fetch behind."""
 
