@@ -7,6 +7,7 @@ import os
 import sys
 import time
 
+import ml_dtypes
 import numpy as np
 
 from .common import count, read_arrays
@@ -40,13 +41,40 @@ def register(subparsers) -> None:
 
 
 def load_inputs(paths) -> list[np.ndarray]:
-    """Arrays from .npy files and .npz archives (each archive's arrays in stored order)."""
+    """Arrays from .npy files and .npz archives (each archive's arrays in stored order). numpy
+    stores a bfloat16 array (``ml_dtypes``) as 2-byte void values: those are read as bfloat16."""
     arrays = []
     for path in paths:
         if not path.endswith((".npy", ".npz")):
             raise ValueError(f"tvmamp run: input {path!r} is not a .npy or .npz file")
         arrays += read_arrays(path, "tvmamp run")
-    return arrays
+    return [a.view(ml_dtypes.bfloat16) if a.dtype == np.dtype("V2") else a for a in arrays]
+
+
+def _parameter_names(vm) -> list[str]:
+    """The names of the library's ``main`` parameters."""
+    module = vm.module
+    arity = module["get_function_arity"]("main")
+    return [module["get_function_param_name"]("main", i) for i in range(arity)]
+
+
+def _call_main(vm, inputs, source: str):
+    """``main(*inputs)``; a wrong number of inputs, or an input of another dtype or shape than
+    the library's, raises a ValueError naming main's parameters (TVM's own check does not)."""
+    names = _parameter_names(vm)
+    if len(inputs) != len(names):
+        raise ValueError(
+            f"tvmamp run: the library's main takes {len(names)} inputs ({', '.join(names)}); "
+            f"{source} gave {len(inputs)}"
+        )
+    try:
+        return vm["main"](*inputs)
+    except Exception as err:  # TVM's argument checks raise its own error types
+        text = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+        given = ", ".join(f"{x.dtype}{list(x.shape)}" for x in inputs)
+        raise ValueError(
+            f"tvmamp run: main({', '.join(names)}) failed on the inputs {given}: {text}"
+        ) from err
 
 
 def run(args) -> int:
@@ -72,14 +100,11 @@ def run(args) -> int:
     vm = AlignedVirtualMachine(lib, tvm.cpu())
     inputs = [tvm.runtime.tensor(a, tvm.cpu()) for a in arrays]  # aligned copies
     start = time.perf_counter()
-    outputs = to_numpy(vm["main"](*inputs))
+    outputs = to_numpy(_call_main(vm, inputs, f"--inputs {' '.join(args.inputs)}"))
     print(f"[run] ran in {time.perf_counter() - start:.3f} s", file=sys.stderr, flush=True)
     outputs = outputs if isinstance(outputs, tuple) else (outputs,)
     for i, out in enumerate(outputs):
-        print(
-            f"output {i}: shape {out.shape} dtype {out.dtype} "
-            f"min {out.min():.6g} max {out.max():.6g} mean {out.mean():.6g}"
-        )
+        print(f"output {i}: shape {out.shape} dtype {out.dtype}{_summary(out)}")
     if args.repeat > 0:
         timer = vm.time_evaluator("main", tvm.cpu(), number=1, repeat=args.repeat)
         median_ms = np.median(timer(*inputs).results) * 1e3
@@ -89,9 +114,22 @@ def run(args) -> int:
     return 0
 
 
+def _summary(out: np.ndarray) -> str:
+    """Minimum, maximum and mean of a non-empty output."""
+    if out.size == 0:
+        return " (empty)"
+    values = out.astype("float64") if out.dtype == ml_dtypes.bfloat16 else out
+    return f" min {values.min():.6g} max {values.max():.6g} mean {values.mean():.6g}"
+
+
 def _save(path, outputs) -> None:
     """Write ``outputs`` to ``path`` (``.npy`` or ``.npz``, checked before the run): an ``.npz``
-    of them all, or one ``.npy``, which cannot hold several outputs (the others were lost)."""
+    of them all, or one ``.npy``, which cannot hold several outputs (the others were lost).
+    numpy has no bfloat16 of its own: a bfloat16 output is written as float32 (exactly)."""
+    low = [i for i, out in enumerate(outputs) if out.dtype == ml_dtypes.bfloat16]
+    outputs = [out.astype("float32") if i in low else out for i, out in enumerate(outputs)]
+    if low:
+        print(f"output(s) {', '.join(map(str, low))}: bfloat16 written as float32")
     if path.endswith(".npz"):
         np.savez(path, *outputs)
     elif len(outputs) > 1:
