@@ -769,8 +769,9 @@ def _feeds_fp32_only(func: relax.Function, policy: Policy, results: bool = False
     """Vars of ``func`` whose every use computes in fp32 whatever the dtype of the var.
 
     A use counts when it is a direct argument of an op that computes in fp32 even from low
-    inputs (the black list, ops the target cannot run low), of a comparison, of
-    ``astype(..., "float32")``, or of a follow op whose own result is in the set. A use by a
+    inputs (the black list, ops the target cannot run low), of a comparison, of a promote-list
+    op (which computes in fp32 when the var is fp32), of ``astype(..., "float32")``, or of a
+    follow op whose own result is in the set. A use by a
     white op that runs low is neutral: it reads a low copy whatever the var's dtype, so a var
     whose other uses all count is in the set too (DebertaV2 multiplies its embedding LayerNorm
     by the mask, and the product feeds both the Q/K/V GEMMs and the fp32 residual stream; run
@@ -809,6 +810,10 @@ def _feeds_fp32_only(func: relax.Function, policy: Policy, results: bool = False
         if name in _CAST_OPS:
             return name == "relax.astype" and str(value.attrs.dtype) == "float32"
         if policy.compute_dtype(name, [low]) == "float32" or name in _COMPARISONS:
+            return True
+        if policy.category(name) is Category.PROMOTE:
+            # it computes in fp32 when any input is fp32: kept fp32, this var makes it so (two
+            # grid_samples of one fp32 grid read it rounded to bf16, 1.4 px off at 512 px)
             return True
         if policy.category(name) is Category.WHITE:
             return None

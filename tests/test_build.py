@@ -352,6 +352,25 @@ def test_o3_bf16_keeps_ops_without_bf16_kernels_in_fp32(fp32_outputs, name, norm
     assert (node.dtype, node.reason) == ("float32", "unsupported")
 
 
+def test_o3_bf16_grid_sample_then_an_op_builds(rng):
+    """topi's grid_sample returns fp32 for bf16 inputs: the multiply after it failed to build
+    at O3 ("Binary operators must have the same datatype")."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 2, 16, 16), "float32"))
+    g = relax.Var("g", relax.TensorType((1, 2, 8, 8), "float32"))
+    with bb.function("main", [x, g]):
+        with bb.dataflow():
+            sampled = bb.emit(relax.op.image.grid_sample(x, g))
+            out = bb.emit_output(relax.op.multiply(sampled, relax.const(2.0, "float32")))
+        bb.emit_func_output(out)
+    inputs = [rng.standard_normal((1, 2, 16, 16)).astype("float32")]
+    inputs.append(rng.uniform(-1, 1, (1, 2, 8, 8)).astype("float32"))
+    reference = tvmamp.build(bb.get(), "O0", TARGET)(*inputs)
+    exe = tvmamp.build(bb.get(), "O3", TARGET, dtype="bfloat16")
+    assert [n.dtype for n in exe.stats.nodes if n.op == "relax.image.grid_sample"] == ["float32"]
+    np.testing.assert_allclose(exe(*inputs), reference, rtol=1e-2, atol=1e-2)
+
+
 def test_inference_batch_norms_fold_into_their_convs(fp32_outputs):
     """conv_net's batch norms (after convs, constant statistics) cost no kernel at any level."""
     mod, params, inputs, reference = fp32_outputs["conv_bn_relu"]

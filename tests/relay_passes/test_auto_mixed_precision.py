@@ -528,6 +528,25 @@ def test_o2_a_comparison_counts_as_an_fp32_use():
     assert decided["main/s"] == ("float32", "feeds_fp32")
 
 
+def test_o2_a_promote_op_counts_as_an_fp32_use():
+    """Two grid_samples of one fp32 grid (a permute of it, as the torch importer writes): the
+    permute ran in bf16, and both samples read coordinates 1.4 px off at 512 px."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 2, 8, 8), "float32"))
+    g = relax.Var("g", relax.TensorType((1, 4, 4, 2), "float32"))
+    with bb.function("main", [x, g]):
+        with bb.dataflow():
+            p = bb.emit(relax.op.permute_dims(g, [0, 3, 1, 2]), name_hint="p")
+            a = bb.emit(relax.op.image.grid_sample(x, p), name_hint="a")
+            b = bb.emit(relax.op.image.grid_sample(x, p, method="nearest"), name_hint="b")
+            out = bb.emit_output(relax.Tuple([a, b]))
+        bb.emit_func_output(out)
+    result, report = run(bb.get(), "O2", "bfloat16")
+    decided = {n.node: (n.dtype, n.reason) for n in report.nodes}
+    assert decided["main/p"] == ("float32", "feeds_fp32")
+    assert "bfloat16" not in result.script()
+
+
 def test_o2_a_value_read_by_gemms_and_the_fp32_residual_stream_stays_fp32():
     """DebertaV2: the embedding LayerNorm times the mask feeds the Q/K/V GEMMs and the residual
     add into the next LayerNorm. The GEMMs read a low copy whatever its dtype, so the product
