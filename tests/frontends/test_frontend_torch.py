@@ -100,6 +100,32 @@ def test_exported_program_traced_in_train_mode_is_refused(net, rng):
         from_torch(program, None)
 
 
+class Counter(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("calls", torch.zeros(()))
+
+    def forward(self, x):
+        self.calls.add_(1)
+        return x * 2
+
+
+def test_a_buffer_updated_in_eval_mode_is_named(rng):
+    """It was refused as "traced in train mode", with advice that did not apply."""
+    with pytest.raises(ValueError, match="updates its buffers calls in place"):
+        from_torch(Counter().eval(), (_x(rng),))
+
+
+def test_a_low_precision_exported_program_is_refused_with_the_fix(rng):
+    """A bf16 Conv + BatchNorm export failed inside TVM's importer with a dtype mismatch."""
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4)).eval()
+    net = net.to(torch.bfloat16)
+    x = torch.from_numpy(rng.standard_normal((1, 3, 8, 8)).astype("float32")).bfloat16()
+    program = torch.export.export(net, (x,))
+    with pytest.raises(ValueError, match="'0.weight' is bfloat16; import the float32 model"):
+        from_torch(program, None)
+
+
 class Digamma(torch.nn.Module):
     def forward(self, x):
         return torch.digamma(x) + 1.0

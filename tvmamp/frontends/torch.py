@@ -103,15 +103,22 @@ def _check_float32_weights(torch, module) -> None:
     TVM's importer mixes them with float32 values (a Linear's bias add failed with "Binary
     operators must have the same datatype"), and choosing low precision is tvmamp's job.
     """
-    low = (torch.float16, torch.bfloat16)
-    for name, tensor in [*module.named_parameters(), *module.named_buffers()]:
-        if tensor.dtype in low:
+    error = _low_weights_error(torch, [*module.named_parameters(), *module.named_buffers()])
+    if error is not None:
+        raise error
+
+
+def _low_weights_error(torch, named) -> ValueError | None:
+    """The error for the first float16/bfloat16 tensor of ``(name, tensor)`` pairs, if any."""
+    for name, tensor in named:
+        if tensor.dtype in (torch.float16, torch.bfloat16):
             dtype = str(tensor.dtype).removeprefix("torch.")
-            raise ValueError(
+            return ValueError(
                 f"tvmamp.from_torch: {name!r} is {dtype}; import the float32 model "
                 f"(model.float(), with float32 inputs) and let tvmamp convert it: "
                 f"tvmamp.build(mod, 'O2', target, {dtype!r}) (or 'O3' for everything low)"
             )
+    return None
 
 
 def _check_choice(train_mode):
@@ -974,13 +981,19 @@ def import_exported_program(program, custom_convert_map: Mapping | None = None):
             "rewrite these ops in the model or pass custom_convert_map",
             missing,
         )
-    mod = from_exported_program(
-        program,
-        keep_params_as_input=True,
-        unwrap_unit_return_tuple=True,
-        custom_convert_map=converters,
-        run_ep_decomposition=False,
-    )
+    try:
+        mod = from_exported_program(
+            program,
+            keep_params_as_input=True,
+            unwrap_unit_return_tuple=True,
+            custom_convert_map=converters,
+            run_ep_decomposition=False,
+        )
+    except TypeError as err:  # TVM's converters mix a low model's weights with fp32 constants
+        low = _low_weights_error(require("torch", "torch", component), program.state_dict.items())
+        if low is None:
+            raise
+        raise low from err
     mod = _broadcast_non_finite_fills(mod)
     values = list(mod["main"].attrs["params"]) if "params" in mod["main"].attrs else []
     mod, params = split_params(mod, values, component)
@@ -1036,13 +1049,25 @@ def _refuse_train_ops(calls, program):
             and n.kwargs.get("train", n.args[2] if len(n.args) > 2 else True) is not False
         }
     )
-    if found or program.graph_signature.buffers_to_mutate:
-        found = found or ["buffer updates"]
+    mutated = sorted(program.graph_signature.buffers_to_mutate.values())
+    statistics = [name for name in mutated if name.rsplit(".", 1)[-1] in _NORM_STATISTICS]
+    if found or statistics:
+        found = found or [f"updates of {', '.join(statistics)}"]
         raise ValueError(
             f"tvmamp.from_torch: the exported program was traced in train mode ({', '.join(found)}"
             "); TVM would import it silently wrong for inference. Export it again after "
             "module.eval(), or pass the module itself to tvmamp.from_torch"
         )
+    if mutated:
+        raise ValueError(
+            f"tvmamp.from_torch: the model updates its buffers {', '.join(mutated)} in place; "
+            "a compiled model keeps no state between calls. Pass such a buffer as an input "
+            "and return its new value instead"
+        )
+
+
+# The buffers a normalisation layer updates in train mode (BatchNorm's running statistics).
+_NORM_STATISTICS = ("running_mean", "running_var", "num_batches_tracked")
 
 
 def _refuse_random_ops(calls):
