@@ -16,6 +16,9 @@ import numpy as np
 
 # Smallest normal float32: the PyTorch preset never backs off below it (1/scale stays finite).
 FLT_MIN = float(np.finfo(np.float32).tiny)
+# Largest float32: a scale, and the ratios that move it, must be finite in float32 (the state's
+# dtype); 1e39 passes a float64 check but is inf in float32, and inf * 0.5 stays inf.
+FLT_MAX = float(np.finfo(np.float32).max)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,6 +113,8 @@ class StaticLossScale(LossScale):
 
     def __init__(self, loss_scale: float = 128.0, state: tuple | None = None):
         _check_positive(loss_scale, "StaticLossScale loss_scale")
+        if state:
+            _check_state_scale(state, "StaticLossScale")
         object.__setattr__(self, "state", state or _scale_state(loss_scale))
 
 
@@ -178,6 +183,8 @@ class DynamicLossScale(LossScale):
         for key in ("incr_ratio", "decr_ratio", "incr_every_n_steps", "decr_every_n_nan_or_inf"):
             object.__setattr__(self, key, values[key])
         object.__setattr__(self, "preset", preset)
+        if state:
+            _check_state_scale(state, "DynamicLossScale")
         object.__setattr__(self, "state", state or self._initial_state(values["init"]))
 
     @property
@@ -282,10 +289,37 @@ def _preset(name) -> Preset:
 
 
 def _check_positive(value, what):
+    """``value`` is a real number whose float32 value is finite, > 0 and normal.
+
+    The check is on the float32 value, the dtype of the state: 1e39 or 3.5e38 are finite in
+    float64 but inf in float32 (and every step would then be skipped, inf * 0.5 being inf), and
+    1e-46 is 0 in float32.
+    """
     if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
         raise TypeError(f"tvmamp.{what} must be a number, got {value!r}")
-    if not np.isfinite(value) or value <= 0:
-        raise ValueError(f"tvmamp.{what} must be a finite number > 0, got {value!r}")
+    _check_f32_range(value, what)
+
+
+def _check_f32_range(value, what):
+    with np.errstate(over="ignore", under="ignore"):
+        f32 = np.float32(value)
+    if not (np.isfinite(value) and np.isfinite(f32) and FLT_MIN <= f32 <= FLT_MAX):
+        raise ValueError(
+            f"tvmamp.{what} must be a finite number > 0 that is a normal float32, in "
+            f"[{FLT_MIN:.8g}, {FLT_MAX:.8g}]; got {value!r} ({float(f32)!r} as float32)"
+        )
+
+
+def _check_state_scale(state, what):
+    """``state[0]``, a given scale state's scale, is a float32 in the range of the scale."""
+    if not isinstance(state, tuple) or not state:
+        raise TypeError(f"tvmamp.{what} state must be a non-empty tuple, got {state!r}")
+    scale = np.asarray(state[0])
+    if scale.shape != () or scale.dtype != np.float32:
+        raise TypeError(
+            f"tvmamp.{what} state[0] (the scale) must be a 0-d float32 array, got {state[0]!r}"
+        )
+    _check_f32_range(scale[()], f"{what} state[0] (the scale)")
 
 
 def _check_config(values, preset: str):

@@ -153,3 +153,34 @@ def test_bad_parameters(kwargs, match):
         DynamicLossScale(**kwargs)
     with pytest.raises(ValueError, match="finite number > 0"):
         StaticLossScale(-1.0)
+
+
+@pytest.mark.parametrize(
+    "make, shown",
+    [
+        (lambda: StaticLossScale(1e39), r"got 1e\+39 \(inf as float32\)"),
+        (lambda: StaticLossScale(3.5e38), r"got 3.5e\+38 \(inf as float32\)"),
+        (lambda: StaticLossScale(1e-46), r"got 1e-46 \(0.0 as float32\)"),
+        (lambda: StaticLossScale(1e-40), "got 1e-40"),  # subnormal: 1/scale is inf
+        (lambda: DynamicLossScale(init=1e39), "init must be"),
+        (lambda: DynamicLossScale(preset="torch", init=1e39), "init must be"),
+        (lambda: DynamicLossScale(incr_ratio=1e39), "incr_ratio must be"),
+        (lambda: DynamicLossScale(decr_ratio=1e-46), "decr_ratio must be"),
+        (lambda: StaticLossScale(state=(np.float32(np.nan),)), r"state\[0\] \(the scale\)"),
+        (lambda: DynamicLossScale(state=(np.float32(np.inf), 0, 0)), r"state\[0\] \(the scale\)"),
+    ],
+)
+def test_scales_outside_float32_are_refused(make, shown):
+    """A scale finite in float64 but inf or 0 in float32 (the state's dtype) is refused."""
+    with pytest.raises(ValueError, match=r"normal float32, in \[1.1754944e-38, 3.4028235e\+38\]"):
+        make()
+    with pytest.raises(ValueError, match=shown):
+        make()
+
+
+def test_largest_float32_scale_is_accepted_and_growth_stays_finite():
+    assert StaticLossScale(float(np.finfo(np.float32).max)).adjust(False).loss_scale < np.inf
+    s = DynamicLossScale(2.0**127, preset="torch", incr_every_n_steps=1)
+    for _ in range(3):
+        s = s.adjust(True)
+    assert s.loss_scale == 2.0**127  # x2 would be inf: the scale is kept, as torch does

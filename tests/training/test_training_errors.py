@@ -102,3 +102,13 @@ def test_an_op_without_a_gradient_is_named():
     mod, _params = models.conv_net(batch=2, channels=4, size=8, blocks=1)
     with pytest.raises(ValueError, match=r"has no gradient for .*relax\.nn\.batch_norm"):
         Trainer(mod, loss="mse")
+
+
+def test_numpy_scalars_are_accepted_and_bool_nan_inf_refused():
+    assert SGD(np.float32(0.1)).relax_optimizer() is not None
+    assert Adam(np.float64(1e-3), betas=(np.float32(0.9), 0.999)).lr == np.float64(1e-3)
+    with pytest.raises(TypeError, match="SGD lr must be a real number"):
+        SGD(np.bool_(True))
+    for bad in (np.float32("nan"), np.inf):
+        with pytest.raises(ValueError, match=r"SGD lr=.* is out of range \(0.0, inf\)"):
+            SGD(bad)

@@ -8,6 +8,8 @@ from tvm import relax
 from tvm.relax.training import loss as relax_loss
 
 LOSSES = ("mse", "cross_entropy")
+# A cross_entropy target equal to this is left out of the mean (torch's default ignore_index).
+IGNORE_INDEX = -100
 
 
 def _same_type(a, b) -> bool:
@@ -22,8 +24,10 @@ def loss_function(loss, pred_ty: relax.TensorType) -> relax.Function:
     loss : str or relax.Function
         "mse" (mean squared error, targets like the predictions), "cross_entropy" (mean over
         the batch of log_softmax + nll_loss; predictions (batch, classes), targets int64
-        (batch,) class indices) or a Relax function of (predictions, targets) returning a
-        0-d float tensor, written with one dataflow block.
+        (batch,) class indices; targets equal to ``IGNORE_INDEX`` (-100, torch's default
+        ``ignore_index``) are left out of the mean, see :func:`check_labels`) or a Relax
+        function of (predictions, targets) returning a 0-d float tensor, written with one
+        dataflow block.
     pred_ty : relax.TensorType
         The type of the model's output.
     """
@@ -53,10 +57,14 @@ def loss_function(loss, pred_ty: relax.TensorType) -> relax.Function:
 
 
 def _cross_entropy(pred_ty) -> relax.Function:
-    """``-mean(sum(log_softmax(p) * one_hot(t), axis=1))``.
+    """``-mean(sum(log_softmax(p) * one_hot(t), axis=1)) * (batch / max(kept, 1))``.
 
     Equal to relax.training's CrossEntropyLoss (log_softmax + nll_loss), whose legalized
     nll_loss backward crashes TVM 0.27's dlight.cpu.Reduction rule (compute_at InternalError).
+    A target equal to ``IGNORE_INDEX`` has an all-zero one-hot row, and ``kept`` counts the
+    other targets: the loss is the mean over those (torch's ``ignore_index``), 0 with zero
+    gradients when all are ignored. With none ignored the factor is exactly 1, so the loss
+    and gradients are those of the plain mean.
     """
     batch, classes = pred_ty.shape.values
     bb = relax.BlockBuilder()
@@ -69,9 +77,31 @@ def _cross_entropy(pred_ty) -> relax.Function:
             hit = relax.op.equal(relax.op.expand_dims(labels, 1), classes_const)
             one_hot = bb.emit(relax.op.astype(hit, "float32"))  # one_hot has no gradient
             picked = bb.emit(relax.op.sum(relax.op.multiply(log_p, one_hot), axis=[1]))
-            loss = bb.emit_output(relax.op.negative(relax.op.mean(picked)))
+            kept = relax.op.not_equal(labels, relax.const(IGNORE_INDEX, "int64"))
+            kept = bb.emit(relax.op.sum(relax.op.astype(kept, "float32")))
+            kept = bb.emit(relax.op.maximum(kept, relax.const(1.0, "float32")))
+            factor = bb.emit(relax.op.divide(relax.const(float(int(batch)), "float32"), kept))
+            mean = relax.op.multiply(relax.op.mean(picked), factor)
+            loss = bb.emit_output(relax.op.negative(mean))
         bb.emit_func_output(loss)
     return bb.get()["cross_entropy_loss"]
+
+
+def check_labels(labels: np.ndarray, classes: int) -> None:
+    """Raise a ValueError when a cross_entropy target is outside [0, classes) and not ignored.
+
+    The graph cannot raise: a label of 7 for 3 classes would silently score 0 (an all-zero
+    one-hot row), so the Trainer checks the numpy targets before each step.
+    """
+    bad = (labels < 0) | (labels >= classes)
+    bad &= labels != IGNORE_INDEX
+    if bad.any():
+        values = sorted({int(v) for v in labels[bad]})
+        raise ValueError(
+            f"tvmamp.training: cross_entropy targets must be class indices in [0, {classes}) "
+            f"or {IGNORE_INDEX} (ignored), got {', '.join(map(str, values[:5]))}"
+            + (f" and {len(values) - 5} more" if len(values) > 5 else "")
+        )
 
 
 def _check_user_loss(func: relax.Function, pred_ty) -> relax.Function:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import numpy as np
 import tvm
@@ -13,10 +14,21 @@ from tvmamp.tensors import static_shape
 
 @dataclasses.dataclass(frozen=True)
 class ForwardModel:
-    """``func(*inputs, *params)`` returning one tensor; ``num_input`` data inputs come first."""
+    """``func(*inputs, *params)`` returning one tensor; ``num_input`` data inputs come first.
+
+    ``func`` takes only the params its body reads: those are trained. ``all_params`` are the
+    params of the function as given, in its order; the ones ``func`` dropped (``unread``) get
+    no gradient and no update, as PyTorch skips params whose grad is None. ``attached`` holds
+    the weights the function carried in its ``params`` attribute (as
+    ``from_exported_program(keep_params_as_input=True)`` attaches them), by name, or None.
+    ``shared`` maps each name of an nn.Module's parameter object to its first name.
+    """
 
     func: relax.Function
     num_input: int
+    all_params: tuple = ()
+    attached: dict | None = None
+    shared: dict = dataclasses.field(default_factory=dict)  # nn.Module name -> first name
 
     @property
     def inputs(self) -> list:
@@ -28,7 +40,14 @@ class ForwardModel:
 
     @property
     def param_names(self) -> list[str]:
+        """The names of the trained params (those the forward graph reads)."""
         return [p.name for p in self.params]
+
+    @property
+    def unread(self) -> list:
+        """The params of the given function that its body never reads (not trained)."""
+        read = set(self.param_names)
+        return [p for p in self.all_params if p.name not in read]
 
 
 def load_forward(mod, input_spec=None) -> ForwardModel:
@@ -45,9 +64,10 @@ def load_forward(mod, input_spec=None) -> ForwardModel:
                 "tvmamp.training: an nn.Module needs input_spec={'x': nn.spec.Tensor(shape, "
                 "dtype), ...} naming the inputs of its forward"
             )
+        shared = _shared_names(mod)
         mod, _ = mod.export_tvm(spec={"forward": input_spec})
-        func = mod["forward"]
-    elif isinstance(mod, tvm.IRModule):
+        return dataclasses.replace(_checked(mod["forward"]), shared=shared)
+    if isinstance(mod, tvm.IRModule):
         names = [gv.name_hint for gv in mod.get_global_vars()]
         if "main" not in names:
             raise ValueError(f"tvmamp.training: the IRModule has no 'main' function, only {names}")
@@ -69,10 +89,23 @@ def _checked(func: relax.Function) -> ForwardModel:
             "tvmamp.training: the forward function needs the attribute num_input (the number "
             "of data inputs before the params), e.g. func.with_attr('num_input', 1)"
         )
-    model = ForwardModel(func, int(attrs["num_input"]))
+    num_input = int(attrs["num_input"])
+    all_params = list(func.params[num_input:])
+    attached = _attached_weights(func, all_params)
+    if "params" in attrs:  # the values now live in ``attached``; the graph does not need them
+        func = func.without_attr("params")
+    read = relax.analysis.free_vars(func.body)
+    trained = [p for p in all_params if any(p.same_as(v) for v in read)]
+    if len(trained) != len(all_params):
+        inputs = list(func.params[:num_input])
+        func = relax.Function([*inputs, *trained], func.body, func.ret_ty, func.is_pure, func.attrs)
+    model = ForwardModel(func, num_input, tuple(all_params), attached)
     if not model.params:
-        raise ValueError("tvmamp.training: the forward function has no params to train")
-    for var in model.params:
+        raise ValueError(
+            "tvmamp.training: the forward function has no params to train (its output reads "
+            f"none of {[p.name for p in all_params]})"
+        )
+    for var in all_params:
         dtype = str(getattr(var.ty, "dtype", None))
         if dtype != "float32" or static_shape(var.ty) is None:
             raise TypeError(
@@ -82,10 +115,33 @@ def _checked(func: relax.Function) -> ForwardModel:
     return model
 
 
+def _shared_names(module) -> dict[str, str]:
+    """{name: first name of the same parameter object} for an nn.Module (tied weights)."""
+    first, names = {}, {}
+    for name, param in module.named_parameters():
+        names[name] = first.setdefault(id(param), name)
+    return names
+
+
+def _attached_weights(func: relax.Function, params: list) -> dict | None:
+    """The function's ``params`` attribute as {name: value}, when it has one value per param."""
+    attrs = func.attrs or {}
+    values = attrs["params"] if "params" in attrs else None
+    if values is None or len(values) != len(params):
+        return None
+    return {p.name: v for p, v in zip(params, values)}
+
+
 def initial_params(model: ForwardModel, params=None, seed: int = 0) -> dict[str, np.ndarray]:
-    """Given values (checked), else seeded ones: N(0, 1/fan_in) for tensors of rank >= 2,
-    ones for 1-d ``*weight``/``*gamma``/``*scale``, zeros for other 1-d tensors."""
-    shapes = {v.name: static_shape(v.ty) for v in model.params}
+    """The initial value of every param in ``model.all_params``, trained or not.
+
+    ``params`` if given (checked), else the weights the model carries (``model.attached``),
+    else seeded ones: N(0, 1/fan_in) for tensors of rank >= 2, ones for 1-d
+    ``*weight``/``*gamma``/``*scale``, zeros for other 1-d tensors.
+    """
+    shapes = {v.name: static_shape(v.ty) for v in model.all_params}
+    if params is None and model.attached is not None:
+        params = model.attached
     if params is not None:
         return _given_params(params, shapes)
     rng = np.random.default_rng(seed)
@@ -122,3 +178,39 @@ def _given_params(params, shapes) -> dict[str, np.ndarray]:
             )
         values[name] = np.array(array, copy=True)
     return values
+
+
+def untrained_params(model: ForwardModel, values: dict, given: bool) -> dict[str, str | None]:
+    """{unread param: the trained param it is tied to, or None}, with one warning naming them.
+
+    An unread param is tied to a read one (a weight shared by two modules and imported under
+    both names, only one of which the graph reads) when both are names of one nn.Module
+    parameter object, or when the values were ``given`` (``params=`` or the model's attached
+    weights, not seeded) and it holds exactly the same shape and values, not all equal (two
+    zero biases are not a tie). A tied param starts from its twin's value.
+    """
+    untrained = {}
+    by_object = {}
+    for name in model.param_names:
+        by_object.setdefault(model.shared.get(name, name), name)
+    for var in model.unread:
+        value = values[var.name]
+        shared = model.shared.get(var.name)
+        twins = [by_object[shared]] if shared in by_object else []
+        if not twins and given and value.size > 1 and np.ptp(value) > 0:
+            twins = [
+                n
+                for n in model.param_names
+                if values[n].shape == value.shape and np.array_equal(values[n], value)
+            ]
+        untrained[var.name] = twins[0] if twins else None
+    if untrained:
+        tied = [f"{u!r} is tied to {t!r} and trained as it" for u, t in untrained.items() if t]
+        warnings.warn(
+            f"tvmamp.training: the forward graph never reads params {list(untrained)}; they "
+            "are not trained (no gradient, no weight decay or momentum, as PyTorch skips "
+            "params whose grad is None)" + (f"; {', '.join(tied)}" if tied else ""),
+            UserWarning,
+            stacklevel=3,
+        )
+    return untrained

@@ -11,8 +11,10 @@ from tvm.relax.training import optimizer as relax_optim
 
 
 def _check_number(value, what, low=0.0, high=math.inf, low_open=False):
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"tvmamp.training: {what} must be a number, got {value!r}")
+    if isinstance(value, (bool, np.bool_)) or not isinstance(
+        value, (int, float, np.integer, np.floating)
+    ):
+        raise TypeError(f"tvmamp.training: {what} must be a real number (not bool), got {value!r}")
     too_low = value <= low if low_open else value < low
     if not math.isfinite(value) or too_low or value >= high:
         bound = "(" if low_open else "["

@@ -14,8 +14,8 @@ from tvmamp.pipeline import compile_converted
 from tvmamp.tensors import check_array
 
 from .graph import convert_adjoint, scaled_adjoint
-from .losses import loss_function
-from .model import initial_params, load_forward
+from .losses import check_labels, loss_function
+from .model import initial_params, load_forward, untrained_params
 from .optimizers import SGD, resolve_optimizer
 from .step import StepBuilder
 
@@ -48,9 +48,13 @@ class Trainer:
     scaler : tvmamp.loss_scale.LossScale, optional
         By default dynamic scaling (Paddle defaults) for fp16 and none otherwise.
     seed : int
-        Seed of the initial params when ``params`` is not given.
+        Seed of the initial params when ``params`` is not given and the model carries no
+        weights.
     params : dict, optional
-        Initial fp32 values by param name.
+        Initial fp32 values by param name. By default the weights the model carries (the
+        ``params`` attribute ``from_exported_program(keep_params_as_input=True)`` attaches),
+        else seeded ones. Params the forward graph never reads are not trained (one warning
+        names them).
     accumulate_steps : int
         Update every k-th step with the sum of k steps' unscaled gradients.
     input_spec : dict, optional
@@ -80,8 +84,16 @@ class Trainer:
         self.accumulate_steps = _check_accumulate(accumulate_steps)
         optimizer = resolve_optimizer(SGD() if optimizer is None else optimizer)
         loss_fn = loss_function(loss, self.model.func.ret_ty)
+        # The class count when the built-in cross_entropy checks its targets on the host.
+        self._classes = None
+        if isinstance(loss, str) and loss == "cross_entropy":
+            self._classes = int(self.model.func.ret_ty.shape.values[1])
         _check_scaler_type(scaler)
         values = initial_params(self.model, params, seed)
+        # Params the graph never reads: {name: (the trained param it is tied to or None, value)}.
+        given = params is not None or self.model.attached is not None
+        untrained = untrained_params(self.model, values, given)
+        self._untrained = {n: (tied, values[n]) for n, tied in untrained.items()}
         converted = convert_adjoint(
             scaled_adjoint(self.model, loss_fn), level, target, dtype, amp_options
         )
@@ -150,6 +162,8 @@ class Trainer:
                 f"tvmamp.training: step takes {len(want)} arrays ({names}), got {len(data)}"
             )
         arrays = [check_array(a, n, t, "tvmamp.training") for a, (n, t) in zip(data, want)]
+        if self._classes is not None:
+            check_labels(arrays[-1], self._classes)
         return [self._stage(i, a) for i, a in enumerate(arrays)]
 
     def _stage(self, index: int, array: np.ndarray):
@@ -179,8 +193,22 @@ class Trainer:
 
     @property
     def params(self) -> dict[str, np.ndarray]:
-        """The fp32 (master) params by name."""
-        return {n: p.numpy() for n, p in zip(self.model.param_names, self._params)}
+        """The fp32 (master) params by name, every param of the model in its order.
+
+        A param the forward graph never reads is not trained: it keeps its initial value, or,
+        when it was tied to a read param (same initial values), it shows that param's trained
+        value, so a tied weight reads the same under both names.
+        """
+        trained = {n: p.numpy() for n, p in zip(self.model.param_names, self._params)}
+        out = {}
+        for var in self.model.all_params:
+            name = var.name
+            if name in trained:
+                out[name] = trained[name]
+            else:
+                tied, initial = self._untrained[name]
+                out[name] = trained[tied].copy() if tied else initial.copy()
+        return out
 
     def script(self) -> str:
         """TVMScript of the training module before lowering (train_step, loss_adjoint, ...)."""
