@@ -68,3 +68,28 @@ def test_targets_outside_the_classes_are_refused(trainer, bad, shown):
         trainer.gradients(x, labels)
     for name, value in trainer.params.items():
         np.testing.assert_array_equal(value, before[name])
+
+
+class _MLP(nn.Module):
+    def __init__(self):
+        self.fc1 = nn.Linear(16, 32)
+        self.fc2 = nn.Linear(32, 16)
+
+    def forward(self, x):
+        return self.fc2(nn.relu(self.fc1(x)))
+
+
+def test_mse_squares_in_fp32_at_o2():
+    """Targets ~100 away: fp16 squares overflowed and every reported loss was inf (torch's
+    autocast computes mse_loss in fp32), while most steps applied their updates."""
+    rng = np.random.default_rng(0)
+    spec = {"x": nn.spec.Tensor((8, 16), "float32")}
+    trainer = Trainer(_MLP(), "mse", SGD(1e-3), level="O2", dtype="float16", input_spec=spec)
+    for _ in range(3):
+        x = rng.standard_normal((8, 16)).astype("float32")
+        targets = (100 * rng.standard_normal((8, 16))).astype("float32")
+        params = trainer.params
+        hidden = np.maximum(x @ params["fc1.weight"].T + params["fc1.bias"], 0)
+        want = np.mean((hidden @ params["fc2.weight"].T + params["fc2.bias"] - targets) ** 2)
+        loss = trainer.step(x, targets)  # overflowing scaled gradients skip a step: fine
+        np.testing.assert_allclose(loss, want, rtol=1e-2)
