@@ -7,7 +7,7 @@ import tvmamp
 from tvmamp.frontends import UnsupportedOperatorError, from_onnx
 
 onnx = pytest.importorskip("onnx")
-from onnx import TensorProto, helper  # noqa: E402
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 from tvmamp.suite.onnx_models import run_reference, small_cnn, zoo_style  # noqa: E402
 
@@ -156,16 +156,42 @@ def test_ops_are_read_with_their_domain():
 
 
 def test_a_converter_failure_is_a_value_error_naming_the_op():
-    """TVM's SkipLayerNormalization converter asserts on a node without beta and bias."""
-    shapes = {"x": [2, 4, 8], "skip": [2, 4, 8], "gamma": [8]}
-    inputs = [helper.make_tensor_value_info(k, TensorProto.FLOAT, v) for k, v in shapes.items()]
+    """TVM's Attention converter asserts on a node with rotary embeddings."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 8])
+    inits = [
+        numpy_helper.from_array(np.ones((8, 24), "float32"), "w"),
+        numpy_helper.from_array(np.ones(24, "float32"), "b"),
+    ]
     node = helper.make_node(
-        "SkipLayerNormalization", list(shapes), ["y"], domain="com.microsoft", epsilon=1e-5
+        "Attention", ["x", "w", "b"], ["y"], domain="com.microsoft", num_heads=2, do_rotary=1
     )
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4, 8])
     model = helper.make_model(
-        helper.make_graph([node], "g", inputs, [y]),
+        helper.make_graph([node], "g", [x], [y], inits),
         opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)],
     )
-    with pytest.raises(UnsupportedOperatorError, match="converter for SkipLayerNormalization"):
+    with pytest.raises(UnsupportedOperatorError, match="converter for Attention"):
         from_onnx(model)
+
+
+def test_nodes_out_of_topological_order_are_sorted(rng):
+    """onnxruntime's fp16 converter (keep_io_types) writes such models; the checker refused
+    them, onnxruntime runs them. The model given is left as it was."""
+    shape = [2, 3]
+    nodes = [
+        helper.make_node("Mul", ["h", "x"], ["y"]),
+        helper.make_node("Relu", ["c"], ["h"]),
+        helper.make_node("Cast", ["x"], ["c"], to=TensorProto.FLOAT),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    mod, params = from_onnx(model)
+    x = rng.standard_normal(shape).astype("float32")
+    out = tvmamp.build(mod, params=params, level="O0", target="llvm")(x)
+    np.testing.assert_allclose(out, np.maximum(x, 0) * x, rtol=1e-6)
+    assert [n.op_type for n in model.graph.node] == ["Mul", "Relu", "Cast"]

@@ -285,11 +285,52 @@ def read_model(onnx, model):
         )
     else:
         _check_external_data_loaded(onnx, model)
+    model = _in_topological_order(onnx, model)
     try:
         onnx.checker.check_model(_with_placeholder_shapes(onnx, model))
     except onnx.checker.ValidationError as err:
         raise ValueError(f"{_COMPONENT}: {where} is not a valid ONNX model: {err}") from err
     return model
+
+
+def _in_topological_order(onnx, model):
+    """``model``, or a copy with its nodes in topological order. ONNX requires that order and
+    its checker refuses a model without it, but onnxruntime sorts the nodes itself, and tools
+    write such models (``onnxruntime.transformers.float16.convert_float_to_float16`` with
+    ``keep_io_types``). A model whose nodes cannot be ordered is left to the checker."""
+    graph = model.graph
+    ready = {"", *(v.name for v in graph.input), *(t.name for t in graph.initializer)}
+    order, pending = [], list(graph.node)
+    while pending:
+        waiting = []
+        for node in pending:
+            if _reads(node) <= ready:
+                order.append(node)
+                ready.update(node.output)
+            else:
+                waiting.append(node)
+        if len(waiting) == len(pending):
+            return model  # a cycle, or a value nothing produces: the checker names it
+        pending = waiting
+    if all(a is b for a, b in zip(order, graph.node, strict=True)):
+        return model
+    sorted_model = onnx.ModelProto()
+    sorted_model.CopyFrom(model)
+    del sorted_model.graph.node[:]
+    sorted_model.graph.node.extend(order)
+    return sorted_model
+
+
+def _reads(node) -> set:
+    """The values ``node`` reads: its inputs, and the outer values its subgraphs read."""
+    reads = set(node.input)
+    for attr in node.attribute:
+        for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
+            inner = {v.name for v in sub.input} | {t.name for t in sub.initializer}
+            for inner_node in sub.node:
+                reads |= _reads(inner_node) - inner
+                inner.update(inner_node.output)
+    return reads
 
 
 def _check_external_data_loaded(onnx, model) -> None:
@@ -367,16 +408,49 @@ def _check_ops(model):
             f"{', '.join(missing)}",
             missing,
         )
-    # TVM's MaxPool converter computes the values only, and fails on a graph that names the
-    # Indices output with an internal assertion.
-    indexed = [
-        n.name or n.output[0]
-        for n in model.graph.node
-        if n.op_type == "MaxPool" and len(n.output) > 1 and n.output[1]
-    ]
-    if indexed:
+    packed = _packed_tensors(model)
+    if packed:
         raise UnsupportedOperatorError(
-            f"{_COMPONENT}: MaxPool with an Indices output (nodes {', '.join(indexed)}) is not "
-            "supported; TVM's importer computes the pooled values only",
-            ["MaxPool"],
+            f"{_COMPONENT}: TVM's ONNX importer cannot read 4-bit tensors: "
+            + ", ".join(f"{name!r} ({dtype})" for name, dtype in packed[:3])
+            + (", ..." if len(packed) > 3 else ""),
+            sorted({dtype for _, dtype in packed}),
         )
+    for op, (index, what, computes) in _UNCOMPUTED_OUTPUTS.items():
+        nodes = [
+            n.name or n.output[0]
+            for n in graph_nodes(model.graph)
+            if n.op_type == op and len(n.output) > index and n.output[index]
+        ]
+        if nodes:
+            raise UnsupportedOperatorError(
+                f"{_COMPONENT}: {op} with {what} (nodes {', '.join(nodes)}) is not supported; "
+                f"TVM's importer computes {computes} only",
+                [op],
+            )
+
+
+def _packed_tensors(model) -> list:
+    """``(name, dtype)`` of the initializers and graph inputs stored two to a byte (INT4,
+    UINT4, FLOAT4E2M1): TVM reads them as one value a byte (an INT4 DequantizeLinear failed
+    with "TensorCopyFromBytes: size mismatch")."""
+    from onnx import TensorProto
+
+    packed = {getattr(TensorProto, n, -1): n for n in ("INT4", "UINT4", "FLOAT4E2M1")}
+    graph = model.graph
+    found = [(t.name, packed[t.data_type]) for t in graph.initializer if t.data_type in packed]
+    found += [
+        (v.name, packed[v.type.tensor_type.elem_type])
+        for v in graph.input
+        if v.type.tensor_type.elem_type in packed
+    ]
+    return found
+
+
+# Outputs that TVM's converters do not compute: (index, the output, what they compute). The
+# MaxPool converter fails on a graph that names its Indices with an internal assertion; the
+# Attention converter returns a scalar 0 for the present key/value cache.
+_UNCOMPUTED_OUTPUTS = {
+    "MaxPool": (1, "an Indices output", "the pooled values"),
+    "Attention": (1, "a present (key/value cache) output", "the attention output"),
+}

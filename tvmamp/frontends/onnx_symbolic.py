@@ -55,17 +55,21 @@ _END = 1 << 31
 
 @contextlib.contextmanager
 def symbolic_converters():
-    """Within the block, TVM's ONNX importer uses the overrides of this module, and a
-    converter that fails raises :class:`UnsupportedOperatorError` naming its op.
+    """Within the block, TVM's ONNX importer uses the overrides of this module and of
+    :mod:`.onnx_outputs`, and a converter that fails raises :class:`UnsupportedOperatorError`
+    naming its op.
 
     TVM looks its converters up with ``onnx_frontend._get_convert_map()`` for every node;
     the block swaps that function and restores it on exit.
     """
     from tvm.relax.frontend.onnx import onnx_frontend
 
+    from .onnx_outputs import OVERRIDES as OUTPUT_OVERRIDES  # a module that imports this one
+
     original = onnx_frontend._get_convert_map
     base = original()
-    wrapped = {op: _overriding(base[op], rewrite) for op, rewrite in OVERRIDES.items()}
+    overrides = {**OVERRIDES, **OUTPUT_OVERRIDES}
+    wrapped = {op: _overriding(base[op], rewrite) for op, rewrite in overrides.items()}
     named = {op: _naming_failures(op, c) for op, c in {**base, **wrapped}.items()}
     onnx_frontend._get_convert_map = lambda: {**original(), **named}
     try:
@@ -232,7 +236,7 @@ def _symbolic_values(bb, expr):
     return None
 
 
-def _constant(params, inputs, index):
+def constant_input(params, inputs, index):
     """Input ``index`` with initializers read as constants, None where it is absent."""
     from tvm.relax.frontend.onnx.onnx_frontend import get_constant
 
@@ -252,7 +256,7 @@ def _range(bb, inputs, attr, params, fallback):
     shape (XLNet's relative positions, ConvBERT). Here the count is the symbolic
     ``ceil((limit - start) / delta)``, used where it is provably non-negative.
     """
-    values = [_constant(params, inputs, i) for i in range(3)]
+    values = [constant_input(params, inputs, i) for i in range(3)]
     start, limit, delta = (_scalar(v) for v in values)
     if not isinstance(delta, int) or delta == 0 or start is None or limit is None:
         return None
@@ -315,11 +319,11 @@ def _slice(bb, inputs, attr, params, fallback):
 def _slice_args(inputs, params, rank):
     """``(axes, starts, ends)`` of a Slice with static axes and unit steps (bounds int or
     PrimExpr), else None."""
-    bounds = [_constant(params, inputs, i) for i in (1, 2)]
+    bounds = [constant_input(params, inputs, i) for i in (1, 2)]
     bounds = [
         _ints(b) or (list(b.values) if isinstance(b, relax.ShapeExpr) else None) for b in bounds
     ]
-    axes, steps = (_constant(params, inputs, i) for i in (3, 4))
+    axes, steps = (constant_input(params, inputs, i) for i in (3, 4))
     if None in bounds or len(bounds[0]) != len(bounds[1]):
         return None
     axes = list(range(len(bounds[0]))) if axes is None else _ints(axes)
@@ -365,7 +369,7 @@ def _expand(bb, inputs, attr, params, fallback):
     target dim of -1 or 1 keeps the input's dim, and a static one needs an input dim of 1 or
     the same size; anything else is left to TVM.
     """
-    data, target = inputs[0], _ints(_constant(params, inputs, 1))
+    data, target = inputs[0], _ints(constant_input(params, inputs, 1))
     dims = _dims(data)
     if target is None or dims is None or all(_static(d) for d in dims):
         return None
@@ -396,12 +400,16 @@ def _pad(bb, inputs, attr, params, fallback):
     from tvm import topi
     from tvm.relax.frontend.onnx.onnx_frontend import _tensor_to_shape_expr
 
-    data, pads, value = inputs[0], _constant(params, inputs, 1), _constant(params, inputs, 2)
+    data, pads, value = (
+        inputs[0],
+        constant_input(params, inputs, 1),
+        constant_input(params, inputs, 2),
+    )
     ty = getattr(data, "ty", None)
     rank = ty.ndim if isinstance(ty, relax.TensorType) else -1
     if attr.get("mode", b"constant") not in (b"constant", "constant") or rank < 0:
         return None
-    if _constant(params, inputs, 3) is not None:  # Pad-18 axes
+    if constant_input(params, inputs, 3) is not None:  # Pad-18 axes
         return None
     if value is not None and not isinstance(value, tvm.ir.GenericConst):
         return None
@@ -486,7 +494,7 @@ def _resize(bb, inputs, attr, params, fallback):
 
     data = inputs[0]
     dims = _dims(data)
-    roi, scales, sizes = (_constant(params, inputs, i) for i in (1, 2, 3))
+    roi, scales, sizes = (constant_input(params, inputs, i) for i in (1, 2, 3))
     shaped = isinstance(sizes, relax.ShapeExpr) and not all(_static(d) for d in sizes.values)
     if dims is None or len(dims) != 4 or (all(_static(d) for d in dims[2:]) and not shaped):
         return None
@@ -633,7 +641,7 @@ def _clip(bb, inputs, attr, params, fallback):
         if name in attr:  # Clip-1 and Clip-6: attributes
             bounds.append(float(attr[name]))
             continue
-        bound = _constant(params, inputs, index)
+        bound = constant_input(params, inputs, index)
         if bound is None:
             bounds.append(default)
             continue
