@@ -10,8 +10,9 @@ fp32 up to a black-list op never met one). A 2-layer I-BERT had 15x torch autoca
 O2. It is also one kernel instead of seven.
 
 Every value in between must have no other reader (``x - u`` exactly two: the square and the
-division), ``x`` must be fp32 with a static shape, ``eps`` a scalar constant, and the weight and
-bias constants of one value per channel. Dead bindings are removed; the result keeps its
+division), ``x`` must be fp32 with a static last axis (its other axes may be symbolic: a
+dynamic batch and sequence), ``eps`` a scalar constant, and the weight and bias constants of one
+value per channel. Dead bindings are removed; the result keeps its
 binding's name. A training graph's adjoint reads the intermediate values, so it is left alone.
 """
 
@@ -63,7 +64,7 @@ class _Rewriter(PyExprMutator):
             super().visit_var_binding_(binding)
             return
         x, weight, bias, eps = norm
-        channels = static_shape(x.ty)[-1]
+        channels = _channels(x)
         if weight is None:
             weight = relax.const(np.ones(channels, dtype="float32"))
         if bias is None:
@@ -150,25 +151,33 @@ class _Rewriter(PyExprMutator):
 
     def _centred(self, y, core) -> relax.Expr | None:
         """``x`` when ``y = x - mean(x, -1)`` is read by the square and ``core`` only, and
-        ``x`` is a static fp32 tensor."""
+        ``x`` is an fp32 tensor with a static last axis."""
         subtract = _call(self.values.get(y), "subtract")
         if subtract is None or len(self.readers.get(y, ())) != 2 or core not in self.readers[y]:
             return None
         x, centre = subtract.args
         if self._mean_last(centre) is None or not self._mean_last(centre).same_as(x):
             return None
-        shape = static_shape(getattr(x, "ty", None))
-        return x if shape and tensor_dtype(x) == "float32" else None
+        return x if _channels(x) and tensor_dtype(x) == "float32" else None
+
+
+def _channels(value) -> int | None:
+    """The static size of ``value``'s last axis (its channels), else None."""
+    ty = getattr(value, "ty", None)
+    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
+        return None
+    dims = list(ty.shape.values)
+    return int(dims[-1]) if dims and isinstance(dims[-1], tvm.tirx.IntImm) else None
 
 
 def _channel_constant(expr, like) -> bool:
     """Whether ``expr`` is an fp32 constant of one value per channel (last axis) of ``like``."""
-    shape = static_shape(getattr(like, "ty", None))
+    channels = _channels(like)
     return (
         isinstance(expr, Constant)
         and tensor_dtype(expr) == "float32"
-        and bool(shape)
-        and static_shape(expr.ty) == (shape[-1],)
+        and channels is not None
+        and static_shape(expr.ty) == (channels,)
     )
 
 
