@@ -340,10 +340,20 @@ def _inline(sch: s_tir.Schedule, infos: list[SBlockInfo]) -> None:
         b for i, b in enumerate(infos) if i > last_red and b.is_injective() and len(b.iters) > rows
     ]
     for info in reversed(epilogue[1:]):
+        if not _sole_consumer(sch, info.block_rv):
+            continue
         try:
             sch.reverse_compute_inline(info.block_rv)
         except ScheduleError:
             pass
+
+
+def _sole_consumer(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
+    """Whether ``block`` is the only reader of what its producers write. TVM's
+    ``reverse_compute_inline`` does not check it: inlining ``isnan(p)`` into the softmax that
+    wrote ``p`` dropped ``p``, which a ``where(isnan(p), 0, p)`` after it still read (GPT-2 with
+    a symbolic length: ill-formed TIR, and the kernel fell to a rule at 1 % of peak)."""
+    return all(len(sch.get_consumers(p)) == 1 for p in sch.get_producers(block))
 
 
 def _rfactor(

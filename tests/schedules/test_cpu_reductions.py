@@ -252,3 +252,25 @@ def test_a_pad_after_the_norm_over_symbolic_rows_is_left_to_other_rules():
     (func,) = _kernels(bb.get(), target)
     with target:
         assert CPURowReduction().apply(func, target, False) is None
+
+
+def test_a_softmax_read_by_isnan_and_where_over_a_symbolic_length(caplog):
+    """``where(isnan(p), 0, p)`` of a softmax ``p`` (GPT-2's attention): inlining the isnan
+    into the softmax dropped ``p``, which the where still read. Ill-formed TIR, the rule fell
+    through with a warning and the kernel ran at 1 % of peak."""
+    import logging
+
+    s = tvm.tirx.Var("s", "int64")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((2, s, s), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            p = bb.emit(relax.op.nn.softmax(x, axis=-1))
+            zero = relax.const(0.0, "float32")
+            out = bb.emit_output(relax.op.where(relax.op.isnan(p), zero, p))
+        bb.emit_func_output(out)
+    with caplog.at_level(logging.WARNING, logger="tvmamp.schedules"):
+        exe = tvmamp.build(bb.get(), "O0", "llvm -num-cores=1")
+    assert "did not apply" not in caplog.text
+    data = np.random.default_rng(0).standard_normal((2, 37, 37)).astype("float32")
+    assert_close(exe(data), _ref_softmax(data.astype("float64")), rtol=1e-5, atol=1e-6)
