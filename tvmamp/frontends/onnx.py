@@ -8,8 +8,10 @@ from collections.abc import Mapping
 import numpy as np
 
 from .common import UnsupportedOperatorError, require, split_params
+from .onnx_converters import ADDED_OPS
 from .onnx_fold import (
     constant_initializers,
+    default_opset,
     fold_shape_constants,
     in_default_domain,
     prepare_for_import,
@@ -287,7 +289,7 @@ def read_model(onnx, model):
         _check_external_data_loaded(onnx, model)
     model = _in_topological_order(onnx, model)
     try:
-        onnx.checker.check_model(_with_placeholder_shapes(onnx, model))
+        onnx.checker.check_model(_with_contrib_domain(onnx, _with_placeholder_shapes(onnx, model)))
     except onnx.checker.ValidationError as err:
         raise ValueError(f"{_COMPONENT}: {where} is not a valid ONNX model: {err}") from err
     return model
@@ -371,6 +373,37 @@ def _with_placeholder_shapes(onnx, model):
     return copy
 
 
+# onnxruntime registers some of its contrib ops in ONNX's own domain: op -> the ONNX version
+# from which the op is ONNX's (None: never). Its transformer optimiser writes them there
+# (LayerNormalization in opset-14 BERT and ViT files, SimplifiedLayerNormalization in T5 and
+# LLaMA ones), and ONNX's checker refused them as "No Op registered".
+_CONTRIB_IN_ONNX_DOMAIN = {"LayerNormalization": 17, "SimplifiedLayerNormalization": None}
+
+
+def _with_contrib_domain(onnx, model):
+    """``model``, or a copy for ONNX's checker in which the nodes of
+    :data:`_CONTRIB_IN_ONNX_DOMAIN` below their ONNX version are in onnxruntime's domain, where
+    the checker takes them as they are (tvmamp converts them by op type)."""
+    opset = default_opset(model)
+
+    def contrib(node) -> bool:
+        if not in_default_domain(node) or node.op_type not in _CONTRIB_IN_ONNX_DOMAIN:
+            return False
+        since = _CONTRIB_IN_ONNX_DOMAIN[node.op_type]
+        return since is None or opset < since
+
+    if not any(contrib(n) for n in graph_nodes(model.graph)):
+        return model
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    for node in graph_nodes(copy.graph):
+        if contrib(node):
+            node.domain = "com.microsoft"
+    if not any(o.domain == "com.microsoft" for o in copy.opset_import):
+        copy.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
+    return copy
+
+
 # the domains of the ops TVM's importer converts: ONNX's, and onnxruntime's contrib ops that it
 # has converters for (Attention, SkipLayerNormalization, FastGelu...)
 _DOMAINS = ("", "ai.onnx", "com.microsoft")
@@ -398,7 +431,7 @@ def _check_ops(model):
     from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
 
     # LSTM, GRU and RNN have no converter: expand_recurrent rewrites them before the import.
-    known = set(_get_convert_map()) | {"Constant", "If"} | RECURRENT_OPS
+    known = set(_get_convert_map()) | {"Constant", "If"} | RECURRENT_OPS | set(ADDED_OPS)
     # TVM's importer reads a node by its op type alone: one in another domain (a custom op
     # named Relu) would be converted as the standard op of that name
     missing = sorted({_qualified(n) for n in graph_nodes(model.graph) if not _known(n, known)})

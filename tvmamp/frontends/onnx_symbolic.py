@@ -56,7 +56,7 @@ _END = 1 << 31
 @contextlib.contextmanager
 def symbolic_converters():
     """Within the block, TVM's ONNX importer uses the overrides of this module and of
-    :mod:`.onnx_outputs`, and a converter that fails raises :class:`UnsupportedOperatorError`
+    :mod:`.onnx_converters`, and a converter that fails raises :class:`UnsupportedOperatorError`
     naming its op.
 
     TVM looks its converters up with ``onnx_frontend._get_convert_map()`` for every node;
@@ -64,12 +64,14 @@ def symbolic_converters():
     """
     from tvm.relax.frontend.onnx import onnx_frontend
 
-    from .onnx_outputs import OVERRIDES as OUTPUT_OVERRIDES  # a module that imports this one
+    from .onnx_converters import ADDED_OPS  # a module that imports this one
+    from .onnx_converters import OVERRIDES as CONVERTER_OVERRIDES
 
     original = onnx_frontend._get_convert_map
     base = original()
-    overrides = {**OVERRIDES, **OUTPUT_OVERRIDES}
+    overrides = {**OVERRIDES, **CONVERTER_OVERRIDES}
     wrapped = {op: _overriding(base[op], rewrite) for op, rewrite in overrides.items()}
+    wrapped |= {op: _added(onnx_frontend.OnnxOpConverter, op, f) for op, f in ADDED_OPS.items()}
     named = {op: _naming_failures(op, c) for op, c in {**base, **wrapped}.items()}
     onnx_frontend._get_convert_map = lambda: {**original(), **named}
     try:
@@ -80,9 +82,9 @@ def symbolic_converters():
 
 def _naming_failures(op: str, converter):
     """A subclass of ``converter`` whose failures raise :class:`UnsupportedOperatorError`
-    naming ``op``: TVM's converters assert on inputs they do not handle (a
-    ``SkipLayerNormalization`` without bias: "import currently only supports required beta and
-    bias"), and an ``AssertionError`` escaped the CLI as a traceback."""
+    naming ``op``: TVM's converters assert on inputs they do not handle (an ``Attention`` with
+    rotary embeddings: "rotary position embedding is not currently supported"), and an
+    ``AssertionError`` escaped the CLI as a traceback."""
     from .common import UnsupportedOperatorError
 
     class Named(converter):
@@ -96,7 +98,7 @@ def _naming_failures(op: str, converter):
                 except UnsupportedOperatorError:
                     raise
                 except Exception as err:
-                    text = str(err).strip().splitlines()[0] if str(err).strip() else ""
+                    text = _message(err)
                     raise UnsupportedOperatorError(
                         f"tvmamp.from_onnx: TVM's ONNX converter for {op} (opset {opset}) "
                         f"failed on this node: {type(err).__name__}: {text}",
@@ -107,6 +109,35 @@ def _naming_failures(op: str, converter):
 
     Named.__name__ = Named.__qualname__ = converter.__name__
     return Named
+
+
+def _message(err: Exception, limit: int = 400) -> str:
+    """``err``'s message on one line, shortened to ``limit`` characters. Its first line alone
+    can stop mid-sentence: "mask index should be in shape of (batch_size, seq_len),"."""
+    text = " ".join(line.strip() for line in str(err).strip().splitlines() if line.strip())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _added(base, op: str, convert):
+    """A converter class (a subclass of TVM's ``OnnxOpConverter``) for an op TVM has none for:
+    ``convert(bb, inputs, attr, params, None)`` at every opset; None from it is a refusal."""
+    from .common import UnsupportedOperatorError
+
+    class Added(base):
+        @classmethod
+        def get_converter(cls, opset):
+            def converted(bb, inputs, attr, params):
+                out = convert(bb, inputs, attr, params, None)
+                if out is None:
+                    raise UnsupportedOperatorError(
+                        f"tvmamp.from_onnx: {op} needs an input of known shape", [op]
+                    )
+                return out
+
+            return converted
+
+    Added.__name__ = Added.__qualname__ = op
+    return Added
 
 
 def _overriding(converter, rewrite):

@@ -1,5 +1,5 @@
 """Ops whose optional outputs TVM's importer filled with a scalar 0 (tvmamp.frontends.
-onnx_outputs): LayerNormalization's Mean and InvStdDev, SkipLayerNormalization's sum, Dropout's
+onnx_converters): LayerNormalization's Mean and InvStdDev, SkipLayerNormalization's sum, Dropout's
 mask; and LayerNormalization's broadcast scale, which normalised too few axes (error 0.72)."""
 
 from __future__ import annotations
@@ -166,3 +166,52 @@ def test_4_bit_tensors_are_refused_by_name():
     model.ir_version = 10
     with pytest.raises(UnsupportedOperatorError, match="4-bit tensors: 'wq' .INT4."):
         tvmamp.from_onnx(model)
+
+
+def test_layer_norm_in_an_opset_14_file(rng):
+    """onnxruntime's optimiser writes LayerNormalization into opset-14 BERT and ViT files,
+    where ONNX has none (its own is opset 17): the checker refused them."""
+    shape = (2, 5, 16)
+    inits = [nh.from_array(rng.standard_normal(16).astype("float32"), n) for n in "gb"]
+    node = h.make_node("LayerNormalization", ["x", "g", "b"], ["y"], epsilon=1e-5)
+    model = _model(node, [_value("x", FLOAT, shape)], [_value("y", FLOAT, shape)], inits, 14)
+    _compare(model, {"x": rng.standard_normal(shape).astype("float32")}, "O0", 2e-5)
+
+
+def test_simplified_layer_norm_is_an_rms_norm(rng):
+    """T5 and LLaMA files from onnxruntime's optimiser (which registers it in ONNX's domain):
+    TVM has no converter, and the checker refused it."""
+    shape = (2, 5, 16)
+    inits = [nh.from_array(rng.standard_normal(16).astype("float32"), "g")]
+    node = h.make_node("SimplifiedLayerNormalization", ["x", "g"], ["y", "inv"], epsilon=1e-6)
+    outputs = [_value("y", FLOAT, shape), _value("inv", FLOAT, (2, 5, 1))]
+    model = _model(node, [_value("x", FLOAT, shape)], outputs, inits, 14)
+    _compare(model, {"x": rng.standard_normal(shape).astype("float32") * 3}, "O0", 2e-5)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_skip_simplified_layer_norm_and_quick_gelu(bias, rng):
+    shape = (2, 5, 16)
+    inits = [nh.from_array(rng.standard_normal(16).astype("float32"), n) for n in "gc"]
+    nodes = [
+        h.make_node(
+            "SkipSimplifiedLayerNormalization",
+            ["x", "s", "g", *(["c"] if bias else [])],
+            ["n", "", "", "sum"],
+            domain="com.microsoft",
+            epsilon=1e-6,
+        ),
+        h.make_node("QuickGelu", ["n"], ["y"], domain="com.microsoft", alpha=1.5),
+    ]
+    graph = h.make_graph(
+        nodes,
+        "g",
+        [_value("x", FLOAT, shape), _value("s", FLOAT, shape)],
+        [_value("y", FLOAT, shape), _value("sum", FLOAT, shape)],
+        inits,
+    )
+    opsets = [h.make_opsetid("", 17), h.make_opsetid("com.microsoft", 1)]
+    model = h.make_model(graph, opset_imports=opsets)
+    model.ir_version = 8
+    x, s = (rng.standard_normal(shape).astype("float32") for _ in range(2))
+    _compare(model, {"x": x, "s": s}, "O0", 2e-5)
