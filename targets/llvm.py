@@ -213,6 +213,8 @@ def partition_passes(target: tvm.target.Target, _policy) -> list:
     - a range check on the run-time indices of every unchecked ``take`` (an embedding's
       token ids), which raises ``IndexError`` where TVM would read past the table
       (``relay_passes/take_bounds.py``);
+    - ``relax.nn.attention`` (onnxruntime's fused ``Attention``) as the GEMMs and softmax
+      it stands for, which the kernels below take (``relay_passes/attention_ops.py``);
     - a zero pad of a convolution's spatial axes folded into the convolution's padding
       (``relay_passes/pad_into_conv.py``);
     - 1-D convolutions as 2-D ones of height 1, 3-D ones as 2-D ones over depth windows; a
@@ -240,6 +242,7 @@ def partition_passes(target: tvm.target.Target, _policy) -> list:
       within 8 ulp, where TVM's libm calls run one scalar element at a time); last, so that
       the activations between convs are still ops the rows rewrite follows."""
     from tvmamp.relay_passes.attention_keys import PadAttentionKeys
+    from tvmamp.relay_passes.attention_ops import DecomposeAttention
     from tvmamp.relay_passes.conv1d_as_conv2d import Conv1dAsConv2d
     from tvmamp.relay_passes.conv2d_to_gemm import Conv2dToGemm
     from tvmamp.relay_passes.conv3d_as_conv2d import Conv3dAsConv2d
@@ -268,6 +271,7 @@ def partition_passes(target: tvm.target.Target, _policy) -> list:
         gemm = Conv2dToGemm("bfloat16", row_tile=None if bf16_dot_at_half_rate(target) else tile)
     first = [
         GuardTakeIndices(),
+        DecomposeAttention(),
         FoldPadIntoConv(),
         Conv1dAsConv2d(),
         ConvAsGemm(tile, leave=gemm.rewrites if gemm is not None else None),  # gemm's on rows
