@@ -215,3 +215,67 @@ def test_skip_simplified_layer_norm_and_quick_gelu(bias, rng):
     model.ir_version = 8
     x, s = (rng.standard_normal(shape).astype("float32") for _ in range(2))
     _compare(model, {"x": x, "s": s}, "O0", 2e-5)
+
+
+def _bert_block(mask_input: bool, unidirectional: int = 0):
+    """EmbedLayerNormalization -> Attention, as onnxruntime's BERT optimiser writes them: the
+    attention reads the 1-D mask index (sequence ends) of a mask, or a raw 2-D mask."""
+    rng = np.random.default_rng(3)
+    hidden, vocab = 32, 50
+
+    def weight(name, *shape):
+        return nh.from_array((rng.standard_normal(shape) * 0.2).astype("float32"), name)
+
+    inits = [weight("we", vocab, hidden), weight("pe", 64, hidden), weight("se", 2, hidden)]
+    inits += [weight("g", hidden), weight("bt", hidden), weight("w", hidden, 3 * hidden)]
+    inits.append(weight("b", 3 * hidden))
+    embed = h.make_node(
+        "EmbedLayerNormalization",
+        ["ids", "seg", "we", "pe", "se", "g", "bt", "mask"],
+        ["x", "mask_index"],
+        domain="com.microsoft",
+        epsilon=1e-5,
+    )
+    attention = h.make_node(
+        "Attention",
+        ["x", "w", "b", "mask" if mask_input else "mask_index"],
+        ["y"],
+        domain="com.microsoft",
+        num_heads=4,
+        unidirectional=unidirectional,
+    )
+    ids = [h.make_tensor_value_info(n, TensorProto.INT32, ["batch", "seq"]) for n in ("ids", "seg")]
+    ids.append(h.make_tensor_value_info("mask", TensorProto.INT32, ["batch", "seq"]))
+    graph = h.make_graph(
+        [embed, attention], "g", ids, [_value("y", FLOAT, ["batch", "seq", hidden])], inits
+    )
+    opsets = [h.make_opsetid("", 14), h.make_opsetid("com.microsoft", 1)]
+    model = h.make_model(graph, opset_imports=opsets)
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize(
+    "mask_input, unidirectional, shape_dict",
+    [
+        (False, 0, None),  # the optimiser's default: a 1-D mask index, symbolic axes
+        (False, 0, {"ids": (2, 9), "seg": (2, 9), "mask": (2, 9)}),
+        (True, 0, None),  # a raw 2-D mask
+        (True, 1, {"ids": (2, 9), "seg": (2, 9), "mask": (2, 9)}),  # causal
+    ],
+)
+def test_onnxruntime_attention_with_its_masks(mask_input, unidirectional, shape_dict, rng):
+    """TVM's Attention converter refused the 1-D mask index ("mask index should be in shape
+    of (batch_size, seq_len)"), failed on a raw mask alone ("The bias should have 4
+    dimensions") and on unidirectional; its EmbedLayerNormalization needed static shapes."""
+    model = _bert_block(mask_input, unidirectional)
+    mask = np.ones((2, 9), "int32")
+    mask[1, 6:] = 0
+    segments = np.zeros((2, 9), "int32")
+    segments[:, 5:] = 1
+    feeds = {"ids": rng.integers(0, 50, (2, 9)).astype("int32"), "seg": segments, "mask": mask}
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    (want,) = session.run(None, feeds)
+    mod, params = tvmamp.from_onnx(model, shape_dict=shape_dict)
+    got = tvmamp.build(mod, params=params, level="O0", target="llvm")(*feeds.values())
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)

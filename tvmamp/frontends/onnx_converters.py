@@ -19,7 +19,9 @@ The overrides here compute every output, leaving the main one to the same Relax 
 does not read is never emitted. onnxruntime's transformer optimiser writes ops TVM has no
 converter for: its RMSNorms (``SimplifiedLayerNormalization``,
 ``SkipSimplifiedLayerNormalization``: ``relax.op.nn.rms_norm``, T5 and LLaMA files) and
-``QuickGelu`` (``x * sigmoid(alpha * x)``, CLIP); :data:`ADDED_OPS` converts them. All are
+``QuickGelu`` (``x * sigmoid(alpha * x)``, CLIP); :data:`ADDED_OPS` converts them. Its
+fused ``Attention`` and ``EmbedLayerNormalization``, the default output of its BERT optimiser,
+are converted here too: TVM's converters take static shapes only and few mask forms. All are
 installed with the symbolic overrides (:func:`tvmamp.frontends.onnx_symbolic.
 symbolic_converters`).
 """
@@ -150,6 +152,107 @@ def _skip_simplified_layer_norm(bb, inputs, attr, params, fallback):
     return relax.Tuple([y, relax.op.mean(total, [-1], keepdims=True), inv_std, total])
 
 
+def _attention(bb, inputs, attr, params, fallback):
+    """onnxruntime's fused ``Attention`` (its BERT optimiser's default output): the QKV
+    projection, the heads, and ``relax.nn.attention`` over a mask of any of the forms the
+    optimiser writes (TVM's converter took a 2-D or 3-D mask with an attention bias only, and
+    static shapes only: a 1-D ``mask_index`` of sequence ends failed with "mask index should
+    be in shape of (batch_size, seq_len)", a raw 2-D mask alone with "The bias should have 4
+    dimensions"). A past cache, rotary embeddings or a 4-D or ``(2 * batch,)`` mask is left
+    to TVM's converter, which refuses them."""
+    if "do_rotary" in attr or "past_present_share_buffer" in attr:
+        return None
+    optional = [inputs[i] if len(inputs) > i else None for i in range(7)]
+    data, weight, bias, mask, past, attention_bias, past_length = optional
+    dims = getattr(data.ty, "shape", None)
+    if past is not None or past_length is not None or not isinstance(dims, relax.ShapeExpr):
+        return None
+    batch, seq, _ = dims.values
+    heads = int(attr["num_heads"])
+    sizes = getattr(weight.ty, "shape", None)
+    if not isinstance(sizes, relax.ShapeExpr):
+        return None
+    hidden, hidden_v = _qkv_sizes(attr, int(sizes.values[1]))
+    if hidden % heads or hidden_v % heads:
+        return None
+    causal = "TopLeft" if int(attr.get("unidirectional", 0)) else None
+    if causal is not None and not all(isinstance(d, tvm.tirx.IntImm) for d in (batch, seq)):
+        return None
+    scores_bias = _mask_bias(mask, batch, seq, float(attr.get("mask_filter_value", -10000.0)))
+    if mask is not None and scores_bias is None:
+        return None
+    if attention_bias is not None:
+        scores_bias = attention_bias if scores_bias is None else scores_bias + attention_bias
+    qkv = relax.op.matmul(data, weight)
+    if bias is not None:
+        qkv = relax.op.add(qkv, bias)
+    qkv = bb.normalize(qkv)
+    q, k, v = (
+        bb.normalize(relax.op.strided_slice(qkv, [2], [start], [end]))
+        for start, end in ((0, hidden), (hidden, 2 * hidden), (2 * hidden, 2 * hidden + hidden_v))
+    )
+    q, k = (relax.op.reshape(x, [batch, seq, heads, hidden // heads]) for x in (q, k))
+    v = relax.op.reshape(v, [batch, seq, heads, hidden_v // heads])
+    scale = float(attr["scale"]) if "scale" in attr else None
+    out = relax.op.nn.attention(q, k, v, scores_bias, scale=scale, causal_mask=causal)
+    return relax.op.reshape(out, [batch, seq, hidden_v])
+
+
+def _embed_layer_norm(bb, inputs, attr, params, fallback):
+    """onnxruntime's ``EmbedLayerNormalization``: word, position (and segment) embeddings
+    added, layer-normalised; outputs ``output``, ``mask_index`` (the mask's sum per sequence,
+    int32) and ``embedding_sum``. TVM's converter needs static shapes ("'Var' object has no
+    attribute 'value'" under a dynamic batch or length) and returns no ``embedding_sum``."""
+    optional = [inputs[i] if len(inputs) > i else None for i in range(9)]
+    ids, segments, words, positions, segment_table, gamma, beta, mask, position_ids = optional
+    dims = getattr(ids.ty, "shape", None)
+    if not isinstance(dims, relax.ShapeExpr) or (segments is None) != (segment_table is None):
+        return None
+    batch, seq = dims.values
+    if position_ids is None:
+        steps = relax.op.arange(0, seq, dtype="int64")
+        position_ids = relax.op.broadcast_to(relax.op.reshape(steps, [1, seq]), [batch, seq])
+    total = relax.op.add(
+        relax.op.take(words, ids, axis=0), relax.op.take(positions, position_ids, axis=0)
+    )
+    if segments is not None:
+        total = relax.op.add(total, relax.op.take(segment_table, segments, axis=0))
+    total = bb.normalize(total)
+    normed = relax.op.nn.layer_norm(total, gamma, beta, [-1], float(attr.get("epsilon", 1e-12)))
+    if mask is None:
+        mask_index = relax.op.zeros([batch], "int32")
+    else:
+        mask_index = relax.op.astype(relax.op.sum(mask, axis=[1]), "int32")
+    return relax.Tuple([normed, mask_index, total])
+
+
+def _qkv_sizes(attr, total: int) -> tuple[int, int]:
+    """The hidden size of Q (and K) and of V."""
+    if "qkv_hidden_sizes" in attr:
+        q, _, v = (int(x) for x in attr["qkv_hidden_sizes"])
+        return q, v
+    return total // 3, total // 3
+
+
+def _mask_bias(mask, batch, seq, filter_value: float):
+    """The fp32 scores bias ``(1 - visible) * filter_value`` of an ``Attention`` mask, shaped
+    ``(batch, 1, 1 or seq, seq)``: a 1-D mask holds each sequence's end, a 2-D or 3-D one
+    is 1 where a key is visible. None for another form (or no mask)."""
+    if mask is None:
+        return None
+    rank = len(mask.ty.shape.values) if isinstance(mask.ty.shape, relax.ShapeExpr) else None
+    if rank == 1:
+        keys = relax.op.arange(0, seq, dtype=_dtype(mask))
+        visible = relax.op.less(relax.op.reshape(keys, [1, seq]), relax.op.reshape(mask, [-1, 1]))
+    elif rank in (2, 3):
+        visible = mask
+    else:
+        return None
+    hidden = relax.op.subtract(relax.const(1.0, "float32"), relax.op.astype(visible, "float32"))
+    shape = [batch, 1, 1, seq] if rank in (1, 2) else [batch, 1, seq, seq]
+    return relax.op.reshape(relax.op.multiply(hidden, relax.const(filter_value, "float32")), shape)
+
+
 def _quick_gelu(bb, inputs, attr, params, fallback):
     """onnxruntime's ``QuickGelu``: ``x * sigmoid(alpha * x)``, alpha 1.702 by default."""
     data = inputs[0]
@@ -179,6 +282,8 @@ def _dropout(bb, inputs, attr, params, fallback):
 
 
 OVERRIDES = {
+    "Attention": _attention,
+    "EmbedLayerNormalization": _embed_layer_norm,
     "LayerNormalization": _layer_norm,
     "SkipLayerNormalization": _skip_layer_norm,
     "Dropout": _dropout,
