@@ -459,6 +459,41 @@ def test_elementwise_op_of_sizes_tvm_cannot_prove_equal(rng):
         exe(rng.uniform(0.5, 1.5, (1, 2, 9, 8)).astype(np.float32))  # onnxruntime refuses too
 
 
+def test_a_broadcast_mask_added_to_scores_over_a_key_value_cache(rng):
+    """A decoder's ``(batch, 1, 1, total)`` mask added to ``(batch, heads, seq, past + seq)``
+    scores: the broadcast axes made the override give up, TVM gave the sum no shape and the
+    Reshape after it failed ("Reshape requires the input new shape to be Shape")."""
+    q, past, k = (
+        h.make_tensor_value_info(n, TP.FLOAT, ["batch", 2, length, 4])
+        for n, length in (("q", "seq"), ("past", "past_seq"), ("k", "seq"))
+    )
+    mask = h.make_tensor_value_info("mask", TP.FLOAT, ["batch", 1, 1, "total"])
+    nodes = [
+        h.make_node("Concat", ["past", "k"], ["keys"], axis=2),
+        h.make_node("Transpose", ["keys"], ["keys_t"], perm=[0, 1, 3, 2]),
+        h.make_node("MatMul", ["q", "keys_t"], ["scores"]),
+        h.make_node("Add", ["scores", "mask"], ["masked"]),
+        h.make_node("Softmax", ["masked"], ["probs"], axis=-1),
+        h.make_node("Reshape", ["probs", "flat"], ["y"]),
+    ]
+    model = onnx_model(
+        nodes,
+        [q, past, k, mask],
+        [h.make_tensor_value_info("y", TP.FLOAT, ["batch", None])],
+        [_ints("flat", [0, -1])],
+    )
+    mod, params = tvmamp.from_onnx(model)
+    exe = tvmamp.build(mod, "O0", TARGET, params=params)
+    for batch, past_len, seq in ((2, 3, 4), (1, 5, 1)):
+        feeds = {
+            "q": rng.standard_normal((batch, 2, seq, 4)).astype(np.float32),
+            "past": rng.standard_normal((batch, 2, past_len, 4)).astype(np.float32),
+            "k": rng.standard_normal((batch, 2, seq, 4)).astype(np.float32),
+            "mask": rng.standard_normal((batch, 1, 1, past_len + seq)).astype(np.float32),
+        }
+        np.testing.assert_allclose(exe(*feeds.values()), run_ort(model, **feeds), rtol=1e-5)
+
+
 @pytest.mark.parametrize(
     "op, pads",
     [("MaxPool", [0, 0, 0, 0]), ("MaxPool", [1, 1, 1, 1]), ("AveragePool", [1, 0, 1, 0])],

@@ -587,28 +587,32 @@ def _concat(bb, inputs, attr, params, fallback):
     if not shapes or any(s is None for s in shapes) or len({len(s) for s in shapes}) != 1:
         return None
     rank = len(shapes[0])
-    cast = _unified(bb, inputs, shapes, attr.get("axis", 0) % rank if rank else None)
+    cast = _unified(bb, inputs, shapes, {attr.get("axis", 0) % rank} if rank else set())
     return None if cast is None else fallback(bb, cast, attr, params)
 
 
 def _elementwise(bb, inputs, attr, params, fallback):
     """A binary elementwise op (``Add``, ``Mul``...) of two tensors of one rank whose dims TVM
-    cannot prove equal, none of them a static 1 (a broadcast): DLA's residual adds a strided
-    conv's ``(h - 1) // 4 + 1`` rows to a max pool's ``(h - 3) // 4 + 1``, equal for the sizes
-    the model takes. TVM gave the sum no shape, and the next ``MaxPool`` failed. The dims are
-    unified (:func:`_unified`; onnxruntime fails on sizes where they differ), the op left to
+    cannot prove equal: DLA's residual adds a strided conv's ``(h - 1) // 4 + 1`` rows to a
+    max pool's ``(h - 3) // 4 + 1``, equal for the sizes the model takes; a decoder with a
+    key/value cache adds a ``(batch, 1, 1, total)`` mask to ``(batch, heads, seq, past +
+    seq)`` scores. TVM gave the result no shape, and the next ``MaxPool`` or ``Reshape``
+    failed. The dims are unified (:func:`_unified`; onnxruntime fails on sizes where they
+    differ), but for those where either side is a static 1 (a broadcast), and the op left to
     TVM."""
     shapes = [_dims(x) for x in inputs]
     if len(inputs) != 2 or any(s is None for s in shapes) or len(shapes[0]) != len(shapes[1]):
         return None
-    if any(_static(d) and int(d) == 1 for s in shapes for d in s):
-        return None
-    cast = _unified(bb, inputs, shapes, None)
+    broadcast = {
+        k for k, ds in enumerate(zip(*shapes)) if any(_static(d) and int(d) == 1 for d in ds)
+    }
+    cast = _unified(bb, inputs, shapes, broadcast)
     return None if cast is None else fallback(bb, cast, attr, params)
 
 
-def _unified(bb, inputs, shapes, axis):
-    """``inputs`` ``match_cast`` so that their dims (but on ``axis``) are the same expressions,
+def _unified(bb, inputs, shapes, skipped):
+    """``inputs`` ``match_cast`` so that their dims (but on the ``skipped`` axes) are the same
+    expressions,
     or None where TVM proves them equal already. Each dim is a static one where there is one,
     else the first that is not a plain variable: TVM's CanonicalizeBindings substitutes ``h ->
     h // 4 * 4`` from a match_cast to a variable that the other dim is an expression of, without
@@ -619,7 +623,7 @@ def _unified(bb, inputs, shapes, axis):
     changed = False
     for k in range(rank):
         column = [s[k] for s in shapes]
-        if k == axis or all(analyzer.can_prove_equal(column[0], d) for d in column[1:]):
+        if k in skipped or all(analyzer.can_prove_equal(column[0], d) for d in column[1:]):
             continue
         ranked = [d for d in column if _static(d)]
         ranked += [d for d in column if not isinstance(d, tirx.Var)]
@@ -629,7 +633,7 @@ def _unified(bb, inputs, shapes, axis):
         return None
     cast = []
     for x, shape in zip(inputs, shapes):
-        want = [shape[k] if k == axis else unified[k] for k in range(rank)]
+        want = [shape[k] if k in skipped else unified[k] for k in range(rank)]
         if any(not analyzer.can_prove_equal(a, b) for a, b in zip(want, shape)):
             x = bb.match_cast(x, relax.TensorType(want, x.ty.dtype))
         cast.append(x)
