@@ -39,6 +39,8 @@ def test_unknown_preset_lists_the_choices():
         ({"dtype": "float64"}, ValueError, "dtype 'float64' is not one of"),
         ({"params": {"linear0.weight": np.zeros((4, 4))}}, ValueError, "params missing"),
         ({"model": object()}, TypeError, "must be a tvm.IRModule, a relax.Function or"),
+        # was "got multiple values for keyword argument 'keep_io_types'"
+        ({"keep_io_types": False}, ValueError, "keep_io_types cannot be set"),
     ],
 )
 def test_bad_options(model, kwargs, error, match):

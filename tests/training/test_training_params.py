@@ -153,3 +153,16 @@ def test_weights_attached_by_from_exported_program_are_the_default_start():
     )
     explicit = {k: np.full_like(v, 0.5) for k, v in attached.items()}  # params= wins
     assert Trainer(mod, "mse", level="O0", params=explicit).params["p_fc2_bias"][0] == 0.5
+
+
+def test_a_forward_returning_a_tuple_of_one_tensor_is_trained_on_it():
+    """from_exported_program's default output (no unwrap_unit_return_tuple) was refused:
+    "the model must return one tensor, it returns T.Tuple(R.Tensor((4, 8)))"."""
+    torch.manual_seed(2)
+    model = _TorchMLP()
+    program = torch.export.export(model, (torch.randn(B, D),))
+    mod = from_exported_program(program, keep_params_as_input=True)
+    trainer = Trainer(mod, "mse", SGD(0.05), level="O0")
+    x, y = _batches(6, 1)[0]
+    want = torch.nn.functional.mse_loss(model(torch.from_numpy(x)), torch.from_numpy(y))
+    np.testing.assert_allclose(trainer.step(x, y), want.item(), rtol=1e-5, atol=1e-6)

@@ -52,10 +52,15 @@ def scaled_adjoint(model: ForwardModel, loss_fn: relax.Function) -> relax.Functi
         missing = _ops_without_gradient(bb.get()["scaled_loss"])
         if not missing:
             raise
+        advice = (
+            "fold batch_norm into the preceding conv for fine-tuning, or "
+            if "relax.nn.batch_norm" in missing
+            else ""
+        )
         raise ValueError(
             f"tvmamp.training: TVM {tvm.__version__} has no gradient for {', '.join(missing)}, "
-            "so this model cannot be trained; replace those ops (e.g. fold batch_norm into the "
-            f"preceding conv for fine-tuning) or train the model in its framework ({err})"
+            f"so this model cannot be trained; {advice}write those ops out with ops that have "
+            f"gradients, or train the model in its framework ({err})"
         ) from None
     return _ScalarNamer().visit_expr(_flat_outputs(mod["scaled_loss_adjoint"]))
 
@@ -123,6 +128,11 @@ def convert_adjoint(adjoint: relax.Function, level, target, dtype, amp_options) 
     fp32 params are master weights cast to the low dtype inside the forward/backward.
     """
     options = dict(amp_options or {})
+    if "keep_io_types" in options:
+        raise ValueError(
+            "tvmamp.training: keep_io_types cannot be set: the training step keeps its params "
+            "and gradients fp32 at its boundary (the fp32 master weights)"
+        )
     fp32_nodes = list(options.pop("custom_fp32_nodes", None) or ()) + list(SCALE_NODES)
     mod = tvm.IRModule({"main": adjoint.with_attr("global_symbol", "main")})
     converted = convert(

@@ -90,6 +90,7 @@ def _checked(func: relax.Function) -> ForwardModel:
             "of data inputs before the params), e.g. func.with_attr('num_input', 1)"
         )
     num_input = int(attrs["num_input"])
+    func = _unit_tuple_unwrapped(func)
     all_params = list(func.params[num_input:])
     attached = _attached_weights(func, all_params)
     if "params" in attrs:  # the values now live in ``attached``; the graph does not need them
@@ -113,6 +114,26 @@ def _checked(func: relax.Function) -> ForwardModel:
                 "float32 tensors of static shape (tvmamp keeps fp32 master weights)"
             )
     return model
+
+
+def _unit_tuple_unwrapped(func: relax.Function) -> relax.Function:
+    """``func`` returning its one tensor where it returns a tuple of one (as
+    ``from_exported_program`` writes a module's output unless ``unwrap_unit_return_tuple``)."""
+    ty = func.ret_ty
+    if not isinstance(ty, relax.TupleType) or len(ty.fields) != 1:
+        return func
+    blocks = func.body.blocks if isinstance(func.body, relax.SeqExpr) else []
+    if len(blocks) != 1 or not isinstance(blocks[0], relax.DataflowBlock):
+        return func
+    bb = relax.BlockBuilder()
+    attrs = {key: func.attrs[key] for key in func.attrs.keys()} if func.attrs else None
+    with bb.function("main", list(func.params), attrs=attrs, pure=func.is_pure):
+        with bb.dataflow():
+            for binding in blocks[0].bindings:
+                bb.emit_normalized(binding)
+            out = bb.emit_output(relax.TupleGetItem(func.body.body, 0))
+        bb.emit_func_output(out)
+    return bb.get()["main"]
 
 
 def _shared_names(module) -> dict[str, str]:
