@@ -18,6 +18,8 @@ from .common import (
     CPURule,
     is_reduction,
     largest_divisor,
+    nominal,
+    static_but_batch,
     try_inline_all,
     use_parallel,
     vector_lanes,
@@ -27,11 +29,18 @@ from .common import (
 class CPUColumnReduction(CPURule):
     """One reduction block whose kept (spatial) iterators index the innermost input axes.
 
-    Injective producers (casts) are inlined into it and injective consumers into its output;
-    the innermost kept loop is split by a divisor of its extent that fits the SIMD width and
-    unrolled inside the reduction loops (LLVM makes it one vector add), and the outer kept
-    loops run in parallel when the target has several cores and the work is large enough.
+    Injective producers (casts) are inlined into it and injective consumers into its output
+    (an epilogue that cannot be, such as the division of a mean, stays a loop of its own); the
+    leading axis may be symbolic (a dynamic batch). The innermost kept loop is split by a
+    divisor of its extent that fits the SIMD width and unrolled inside the reduction loops
+    (LLVM makes it one vector add), and the outer kept loops run in parallel when the target
+    has several cores and the work is large enough.
     """
+
+    def takes_shapes(self, sch: s_tir.Schedule) -> bool:
+        """Static shapes, or a symbolic leading axis (a dynamic batch): the kept innermost
+        axis and the reduction must be static."""
+        return static_but_batch(sch)
 
     def apply(  # pylint: disable=missing-function-docstring
         self, func: tirx.PrimFunc, target: Target, _: bool
@@ -47,7 +56,10 @@ def _column_reduction(sch: s_tir.Schedule) -> s_tir.schedule.SBlockRV | None:
         return None
     (main,) = reductions
     rest = try_inline_all(sch, [b for b in blocks if not sch.get(b).same_as(sch.get(main))])
-    if rest:
+    # a reduction's result cannot be inlined into its consumer: an epilogue of the kept values
+    # (the division of a mean) stays a loop of its own over the small output
+    output = sch.get(main).writes[0].source
+    if any(not _reads_only(sch.get(b), output) for b in rest):
         return None
     stmt = sch.get(main)
     if len(stmt.reads) != 1 or len(stmt.writes) != 1:
@@ -59,6 +71,16 @@ def _column_reduction(sch: s_tir.Schedule) -> s_tir.schedule.SBlockRV | None:
     inner = undefined_vars(region[-1].min)
     # the innermost input index is exactly the innermost kept iterator: a column reduction
     return main if len(inner) == 1 and inner[0].same_as(spatial[-1]) else None
+
+
+def _reads_only(block: s_tir.SBlock, buffer: tirx.Buffer) -> bool:
+    """Whether ``block`` is an epilogue of ``buffer``: it reads that buffer and nothing it has
+    to wait on but it, writing each element from the same element (no reduction)."""
+    return (
+        not is_reduction(block)
+        and any(read.source.same_as(buffer) for read in block.reads)
+        and len(block.writes) == 1
+    )
 
 
 def _schedule(sch: s_tir.Schedule, target: Target) -> bool:
@@ -83,7 +105,7 @@ def _schedule(sch: s_tir.Schedule, target: Target) -> bool:
     outer = sch.fuse(*spatial[:-1], outer_j)
     work = 1
     for iv in stmt.iter_vars:
-        work *= int(iv.dom.extent)
+        work *= nominal(iv.dom.extent)  # a dynamic batch counts as NOMINAL_EXTENT
     if use_parallel(target, work):
         sch.parallel(outer)
     init = sch.decompose_reduction(main, reduce[0])
