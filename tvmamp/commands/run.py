@@ -10,6 +10,8 @@ import time
 import ml_dtypes
 import numpy as np
 
+from tvmamp.messages import last_line
+
 from .common import count, read_arrays
 
 
@@ -70,7 +72,7 @@ def _call_main(vm, inputs, source: str):
     try:
         return vm["main"](*inputs)
     except Exception as err:  # TVM's argument checks raise its own error types
-        text = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+        text = last_line(err)
         given = ", ".join(f"{x.dtype}{list(x.shape)}" for x in inputs)
         raise ValueError(
             f"tvmamp run: main({', '.join(names)}) failed on the inputs {given}: {text}"
@@ -94,7 +96,7 @@ def run(args) -> int:
         lib = tvm.runtime.load_module(args.library)
     except Exception as err:  # TVM raises its own error types for a file dlopen refuses
         raise ValueError(
-            f"tvmamp run: cannot load {args.library!r} as a library: {str(err).splitlines()[-1]}"
+            f"tvmamp run: cannot load {args.library!r} as a library: {last_line(err)}"
         ) from err
     check_library(lib)  # the CPU features it was compiled for, before any kernel runs
     vm = AlignedVirtualMachine(lib, tvm.cpu())

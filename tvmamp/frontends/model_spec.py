@@ -10,6 +10,7 @@ import os
 import tvm
 
 from tvmamp import models
+from tvmamp.messages import last_line
 
 from . import files
 
@@ -24,8 +25,7 @@ def _load_json(path):
             return tvm.ir.load_json(f.read()), None
     except (ValueError, RuntimeError) as err:  # json's, UTF-8's and TVM's errors
         raise ValueError(
-            f"tvmamp: {path!r} is not a module saved with tvm.ir.save_json: "
-            f"{str(err).strip().splitlines()[-1]}"
+            f"tvmamp: {path!r} is not a module saved with tvm.ir.save_json: {last_line(err)}"
         ) from err
 
 

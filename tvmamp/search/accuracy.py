@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from tvmamp.messages import last_line
+
 from .attribution import rank_candidates
 from .state import SearchState
 
@@ -54,7 +56,7 @@ def ranked_candidates(search: SearchState, notes: list) -> list:
     except (RuntimeError, TypeError, ValueError) as err:
         notes.append(
             f"per-op attribution failed ({type(err).__name__}: "
-            f"{str(err).strip().splitlines()[-1][:200]}); ranked without it"
+            f"{last_line(err)[:200]}); ranked without it"
         )
         return rank_candidates(search.mod, search.nodes, [])
     return rank_candidates(search.mod, search.nodes, report.rows)

@@ -10,6 +10,7 @@ from tvm import relax
 
 from tvmamp.conversion import Converted
 from tvmamp.loss_scale import DynamicLossScale, LossScale, NoOpLossScale
+from tvmamp.messages import last_line
 from tvmamp.pipeline import compile_converted
 from tvmamp.tensors import check_array
 
@@ -230,7 +231,7 @@ def _inline_private(mod: tvm.IRModule) -> tvm.IRModule:
     try:
         relax.analysis.well_formed(inlined)  # raises on the first violation
     except ValueError as err:
-        problem = str(err).strip().splitlines()[-1]
+        problem = last_line(err)
         logger.info("tvmamp.training: train step compiled without inlining: %s", problem)
         return mod
     return inlined
