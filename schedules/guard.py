@@ -42,8 +42,8 @@ class Guarded(dl.ScheduleRule):
     def _fall_through(self, func: tirx.PrimFunc, err: Exception, level: int, note: str) -> None:
         name = func.attrs.get("global_symbol") if func.attrs else None
         buffers = [p for p in func.params if tirx.is_buffer_var(p)]
-        if name is None and buffers:  # a fused kernel is named later: say what it writes
-            name = f"the kernel writing {buffers[-1].name}"
+        if name is None:  # a fused kernel is named later: say what it writes
+            name = f"the kernel writing {buffers[-1].name}" if buffers else "?"
         first_line = (str(err).strip().splitlines() or [""])[-1]
         rule = type(self.rule).__name__
         logger.log(

@@ -97,11 +97,7 @@ def _prefetch(
     strip = next((p for p, loop in enumerate(loops) if loop.loop_var in reduced), None)
     if strip is None or len(steps) != 1:
         return None
-    passes = [
-        loop
-        for loop in loops[:strip]
-        if loop.loop_var not in used and (static_extent(loop.extent) or 2) > 1
-    ]
+    passes = [loop for loop in loops[:strip] if loop.loop_var not in used and _more_than_once(loop)]
     if not passes:
         return None
     walk = passes[-1]
@@ -117,6 +113,12 @@ def _prefetch(
     address = tirx.address_of(tirx.BufferLoad(region.source, index))
     fetch = tirx.call_llvm_intrin("void", "llvm.prefetch.p0", address, _READ, _L2, _DATA)
     return tirx.IfThenElse(tirx.all(*conditions), tirx.Evaluate(fetch), None)
+
+
+def _more_than_once(loop: tirx.For) -> bool:
+    """Whether ``loop`` may run more than one iteration (a symbolic extent may)."""
+    extent = static_extent(loop.extent)
+    return extent is None or extent > 1
 
 
 def _reduce_extent(block: s_tir.SBlock) -> tirx.PrimExpr:

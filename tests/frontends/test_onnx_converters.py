@@ -279,3 +279,26 @@ def test_onnxruntime_attention_with_its_masks(mask_input, unidirectional, shape_
     mod, params = tvmamp.from_onnx(model, shape_dict=shape_dict)
     got = tvmamp.build(mod, params=params, level="O0", target="llvm")(*feeds.values())
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+
+
+def test_dropout_before_opset_10_has_its_mask_in_the_input_dtype(rng):
+    """Dropout-7 to 9: a float mask, zeros in onnxruntime (opset 10 on: bool, True)."""
+    node = h.make_node("Dropout", ["x"], ["y", "m"])
+    outputs = [_value("y", FLOAT, (2, 3)), _value("m", FLOAT, (2, 3))]
+    model = _model(node, [_value("x", FLOAT, (2, 3))], outputs, opset=9)
+    _compare(model, {"x": rng.standard_normal((2, 3)).astype("float32")}, "O0", 0)
+
+
+def test_attention_with_a_mask_of_ends_and_starts_is_refused_by_name(rng):
+    """A (2 * batch,) mask was read as sequence ends: the import failed in a Reshape."""
+    node = h.make_node(
+        "Attention", ["x", "w", "b", "m"], ["y"], domain="com.microsoft", num_heads=2
+    )
+    inits = [
+        nh.from_array(rng.standard_normal((8, 24)).astype("float32"), "w"),
+        nh.from_array(rng.standard_normal(24).astype("float32"), "b"),
+    ]
+    inputs = [_value("x", FLOAT, (2, 5, 8)), _value("m", TensorProto.INT32, (4,))]
+    model = _model(node, inputs, [_value("y", FLOAT, (2, 5, 8))], inits, ms=True)
+    with pytest.raises(UnsupportedOperatorError, match="converter for Attention"):
+        tvmamp.from_onnx(model)

@@ -93,3 +93,16 @@ def test_mse_squares_in_fp32_at_o2():
         want = np.mean((hidden @ params["fc2.weight"].T + params["fc2.bias"] - targets) ** 2)
         loss = trainer.step(x, targets)  # overflowing scaled gradients skip a step: fine
         np.testing.assert_allclose(loss, want, rtol=1e-2)
+
+
+def test_cross_entropy_over_a_symbolic_batch():
+    """The ignore-index mean divided by the batch size as a Python int, which a symbolic
+    batch is not."""
+    import tvm
+    from tvm import relax
+
+    from tvmamp.training.losses import loss_function
+
+    batch = tvm.tirx.Var("n", "int64")
+    loss = loss_function("cross_entropy", relax.TensorType((batch, 3), "float32"))
+    assert "mean" not in loss.script()

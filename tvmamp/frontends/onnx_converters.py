@@ -36,25 +36,59 @@ from .common import UnsupportedOperatorError
 from .onnx_symbolic import constant_input
 
 
-def _layer_norm_outputs(data, scale, bias, axis: int, epsilon: float, stash_fp32: bool):
-    """``(Y, Mean, InvStdDev)`` of ONNX ``LayerNormalization`` over the axes from ``axis``
-    on, or None where ``data``'s shape is unknown."""
+def _optional(inputs, count: int) -> list:
+    """``inputs`` padded with None to ``count`` (absent trailing optional inputs)."""
+    return [inputs[i] if len(inputs) > i else None for i in range(count)]
+
+
+def _norm_axes(data, axis: int):
+    """``(axes, normalised shape)`` of a norm over the axes of ``data`` from ``axis`` on, or
+    None where ``data``'s shape is unknown."""
     ty = data.ty
     if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
         return None
     dims = list(ty.shape.values)
     axis = axis + len(dims) if axis < 0 else axis
-    axes = list(range(axis, len(dims)))
-    normalized = relax.ShapeExpr(dims[axis:])
+    return list(range(axis, len(dims))), relax.ShapeExpr(dims[axis:])
+
+
+def _statistics(data, stash_fp32: bool):
+    """``(data, its dtype)``, in fp32 for a low-precision input with stash_type 1 (the
+    default): Mean and InvStdDev are float32 then."""
+    if stash_fp32:
+        return relax.op.astype(data, "float32"), "float32"
+    return data, _dtype(data)
+
+
+def _layer_norm_outputs(data, scale, bias, axis: int, epsilon: float, stash_fp32: bool):
+    """``(Y, Mean, InvStdDev)`` of ONNX ``LayerNormalization`` over the axes from ``axis``
+    on, or None where ``data``'s shape is unknown."""
+    found = _norm_axes(data, axis)
+    if found is None:
+        return None
+    axes, normalized = found
     scale = _broadcast(scale, normalized)
     bias = relax.op.zeros_like(scale) if bias is None else _broadcast(bias, normalized)
     y = relax.op.nn.layer_norm(data, scale, bias, axes, epsilon)
-    # Mean and InvStdDev are float32 for a low-precision input with stash_type 1 (the default)
-    stats = relax.op.astype(data, "float32") if stash_fp32 else data
+    stats, dtype = _statistics(data, stash_fp32)
     mean = relax.op.mean(stats, axes, keepdims=True)
-    eps = relax.const(epsilon, "float32" if stash_fp32 else _dtype(data))
+    eps = relax.const(epsilon, dtype)
     inv_std = relax.op.rsqrt(relax.op.variance(stats, axes, keepdims=True) + eps)
     return y, mean, inv_std
+
+
+def _rms_norm_outputs(data, scale, axis: int, epsilon: float, stash_fp32: bool):
+    """``(Y, InvStdDev)`` of onnxruntime's ``SimplifiedLayerNormalization`` (RMSNorm) over the
+    axes from ``axis`` on, or None where ``data``'s shape is unknown."""
+    found = _norm_axes(data, axis)
+    if found is None:
+        return None
+    axes, normalized = found
+    y = relax.op.nn.rms_norm(data, _broadcast(scale, normalized), axes, epsilon)
+    stats, dtype = _statistics(data, stash_fp32)
+    squares = relax.op.power(stats, relax.const(2.0, dtype))
+    mean_square = relax.op.mean(squares, axes, keepdims=True)
+    return y, relax.op.rsqrt(mean_square + relax.const(epsilon, dtype))
 
 
 def _broadcast(value, shape: relax.ShapeExpr):
@@ -75,81 +109,51 @@ def _stash_fp32(data, attr) -> bool:
     return int(attr.get("stash_type", 1)) == 1 and _dtype(data) != "float32"
 
 
+def _skip_sum(bb, data, skip, bias):
+    """``data + skip (+ bias)``, bound: the residual sum of the skip norms (their last output)."""
+    total = relax.op.add(data, skip)
+    return bb.normalize(total if bias is None else relax.op.add(total, bias))
+
+
 def _layer_norm(bb, inputs, attr, params, fallback):
-    outputs = _layer_norm_outputs(
-        inputs[0],
-        inputs[1],
-        inputs[2] if len(inputs) > 2 else None,
-        int(attr.get("axis", -1)),
-        float(attr.get("epsilon", 1e-5)),
-        _stash_fp32(inputs[0], attr),
-    )
+    data, scale, bias = _optional(inputs, 3)
+    axis, epsilon = int(attr.get("axis", -1)), float(attr.get("epsilon", 1e-5))
+    outputs = _layer_norm_outputs(data, scale, bias, axis, epsilon, _stash_fp32(data, attr))
     return None if outputs is None else relax.Tuple(list(outputs))
 
 
 def _skip_layer_norm(bb, inputs, attr, params, fallback):
     """onnxruntime's ``SkipLayerNormalization``: ``input + skip (+ bias)``, normalised over
     the last axis; outputs ``Y``, ``Mean``, ``InvStdDev`` and that sum."""
-    data, skip, gamma = inputs[:3]
-    beta, bias = (inputs[i] if len(inputs) > i else None for i in (3, 4))
-    total = relax.op.add(data, skip)
-    if bias is not None:
-        total = relax.op.add(total, bias)
-    total = bb.normalize(total)
-    outputs = _layer_norm_outputs(
-        total, gamma, beta, -1, float(attr.get("epsilon", 1e-12)), _stash_fp32(data, {})
-    )
+    data, skip, gamma, beta, bias = _optional(inputs, 5)
+    total = _skip_sum(bb, data, skip, bias)
+    epsilon = float(attr.get("epsilon", 1e-12))
+    outputs = _layer_norm_outputs(total, gamma, beta, -1, epsilon, _stash_fp32(data, {}))
     return None if outputs is None else relax.Tuple([*outputs, total])
-
-
-def _rms_norm_outputs(data, scale, axis: int, epsilon: float, stash_fp32: bool):
-    """``(Y, InvStdDev)`` of onnxruntime's ``SimplifiedLayerNormalization`` (RMSNorm) over the
-    axes from ``axis`` on, or None where ``data``'s shape is unknown."""
-    ty = data.ty
-    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
-        return None
-    dims = list(ty.shape.values)
-    axis = axis + len(dims) if axis < 0 else axis
-    axes = list(range(axis, len(dims)))
-    scale = _broadcast(scale, relax.ShapeExpr(dims[axis:]))
-    y = relax.op.nn.rms_norm(data, scale, axes, epsilon)
-    stats = relax.op.astype(data, "float32") if stash_fp32 else data
-    eps = relax.const(epsilon, "float32" if stash_fp32 else _dtype(data))
-    two = relax.const(2.0, "float32" if stash_fp32 else _dtype(data))
-    squares = relax.op.mean(relax.op.power(stats, two), axes, keepdims=True)
-    return y, relax.op.rsqrt(squares + eps)
 
 
 def _simplified_layer_norm(bb, inputs, attr, params, fallback):
     """onnxruntime's ``SimplifiedLayerNormalization`` (RMSNorm, T5 and LLaMA files): outputs
     ``Y`` and ``InvStdDev``."""
-    outputs = _rms_norm_outputs(
-        inputs[0],
-        inputs[1],
-        int(attr.get("axis", -1)),
-        float(attr.get("epsilon", 1e-5)),
-        _stash_fp32(inputs[0], attr),
-    )
+    data, scale = inputs[:2]
+    axis, epsilon = int(attr.get("axis", -1)), float(attr.get("epsilon", 1e-5))
+    outputs = _rms_norm_outputs(data, scale, axis, epsilon, _stash_fp32(data, attr))
     return None if outputs is None else relax.Tuple(list(outputs))
 
 
 def _skip_simplified_layer_norm(bb, inputs, attr, params, fallback):
     """onnxruntime's ``SkipSimplifiedLayerNormalization``: ``input + skip (+ bias)``, RMS-
-    normalised over the last axis; outputs ``Y``, ``Mean`` (of the sum), ``InvStdDev`` and the
-    sum."""
-    data, skip, gamma = inputs[:3]
-    bias = inputs[3] if len(inputs) > 3 else None
-    total = relax.op.add(data, skip)
-    if bias is not None:
-        total = relax.op.add(total, bias)
-    total = bb.normalize(total)
-    outputs = _rms_norm_outputs(
-        total, gamma, -1, float(attr.get("epsilon", 1e-12)), _stash_fp32(data, {})
-    )
+    normalised over the last axis; outputs ``Y``, ``Mean`` (zeros, as onnxruntime has it: an
+    RMSNorm has none), ``InvStdDev`` (float32) and the sum."""
+    data, skip, gamma, bias = _optional(inputs, 4)
+    total = _skip_sum(bb, data, skip, bias)
+    epsilon = float(attr.get("epsilon", 1e-12))
+    outputs = _rms_norm_outputs(total, gamma, -1, epsilon, _stash_fp32(data, {}))
     if outputs is None:
         return None
     y, inv_std = outputs
-    return relax.Tuple([y, relax.op.mean(total, [-1], keepdims=True), inv_std, total])
+    inv_std = relax.op.astype(inv_std, "float32")
+    return relax.Tuple([y, relax.op.zeros_like(inv_std), inv_std, total])
 
 
 def _attention(bb, inputs, attr, params, fallback):
@@ -162,8 +166,7 @@ def _attention(bb, inputs, attr, params, fallback):
     to TVM's converter, which refuses them."""
     if "do_rotary" in attr or "past_present_share_buffer" in attr:
         return None
-    optional = [inputs[i] if len(inputs) > i else None for i in range(7)]
-    data, weight, bias, mask, past, attention_bias, past_length = optional
+    data, weight, bias, mask, past, attention_bias, past_length = _optional(inputs, 7)
     dims = getattr(data.ty, "shape", None)
     if past is not None or past_length is not None or not isinstance(dims, relax.ShapeExpr):
         return None
@@ -181,7 +184,8 @@ def _attention(bb, inputs, attr, params, fallback):
     scores_bias = _mask_bias(mask, batch, seq, float(attr.get("mask_filter_value", -10000.0)))
     if mask is not None and scores_bias is None:
         return None
-    if attention_bias is not None:
+    if attention_bias is not None:  # in the model's dtype (fp16 after onnxruntime's converter)
+        attention_bias = relax.op.astype(attention_bias, "float32")
         scores_bias = attention_bias if scores_bias is None else scores_bias + attention_bias
     qkv = relax.op.matmul(data, weight)
     if bias is not None:
@@ -203,8 +207,9 @@ def _embed_layer_norm(bb, inputs, attr, params, fallback):
     added, layer-normalised; outputs ``output``, ``mask_index`` (the mask's sum per sequence,
     int32) and ``embedding_sum``. TVM's converter needs static shapes ("'Var' object has no
     attribute 'value'" under a dynamic batch or length) and returns no ``embedding_sum``."""
-    optional = [inputs[i] if len(inputs) > i else None for i in range(9)]
-    ids, segments, words, positions, segment_table, gamma, beta, mask, position_ids = optional
+    ids, segments, words, positions, segment_table, gamma, beta, mask, position_ids = _optional(
+        inputs, 9
+    )
     dims = getattr(ids.ty, "shape", None)
     if not isinstance(dims, relax.ShapeExpr) or (segments is None) != (segment_table is None):
         return None
@@ -242,6 +247,8 @@ def _mask_bias(mask, batch, seq, filter_value: float):
         return None
     rank = len(mask.ty.shape.values) if isinstance(mask.ty.shape, relax.ShapeExpr) else None
     if rank == 1:
+        if not Analyzer().can_prove_equal(mask.ty.shape.values[0], batch):
+            return None  # (2 * batch,): ends and starts, left to TVM's converter (refused)
         keys = relax.op.arange(0, seq, dtype=_dtype(mask))
         visible = relax.op.less(relax.op.reshape(keys, [1, seq]), relax.op.reshape(mask, [-1, 1]))
     elif rank in (2, 3):
@@ -260,10 +267,11 @@ def _quick_gelu(bb, inputs, attr, params, fallback):
     return relax.op.multiply(data, relax.op.sigmoid(relax.op.multiply(data, alpha)))
 
 
-def _dropout(bb, inputs, attr, params, fallback):
-    """``Dropout`` at inference: the input, and a ``bool`` mask of ones. A node in training
-    mode with a non-zero ratio drops values at random at run time, which a compiled inference
-    model does not reproduce: refused."""
+def _dropout(bb, inputs, attr, params, fallback, opset: int):
+    """``Dropout`` at inference: the input, and its mask (``bool`` True from opset 10; before,
+    zeros of the input's dtype, as onnxruntime gives them). A node in training mode with a
+    non-zero ratio drops values at random at run time, which a compiled inference model does
+    not reproduce: refused."""
     data = inputs[0]
     training = constant_input(params, inputs, 2)
     if training is not None:
@@ -277,7 +285,9 @@ def _dropout(bb, inputs, attr, params, fallback):
                     "drops values at random; export the model in eval mode",
                     ["Dropout"],
                 )
-    mask = relax.op.full_like(data, relax.const(True, "bool"), dtype="bool")
+    # onnxruntime, measured: Dropout-10 and later give True (kept), Dropout-7 to 9 give 0.0
+    fill = relax.const(True, "bool") if opset >= 10 else relax.const(0, _dtype(data))
+    mask = relax.op.full_like(data, fill, dtype=str(fill.ty.dtype))
     return relax.Tuple([data, mask])
 
 

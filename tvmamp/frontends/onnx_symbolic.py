@@ -40,6 +40,7 @@ trace implies: slice bounds within their axis, non-negative run-time pads.
 from __future__ import annotations
 
 import contextlib
+import inspect
 from fractions import Fraction
 
 import numpy as np
@@ -147,13 +148,17 @@ def _overriding(converter, rewrite):
     to leave the node to TVM's converter ``fallback`` (for the model's opset).
     """
 
+    # a rewrite whose result depends on the op's version takes it as ``opset``
+    versioned = "opset" in inspect.signature(rewrite).parameters
+
     class Override(converter):
         @classmethod
         def get_converter(cls, opset):
             fallback = converter.get_converter(opset)
+            extra = {"opset": opset} if versioned else {}
 
             def convert(bb, inputs, attr, params):
-                out = rewrite(bb, inputs, attr, params, fallback)
+                out = rewrite(bb, inputs, attr, params, fallback, **extra)
                 return fallback(bb, inputs, attr, params) if out is None else out
 
             return convert
@@ -612,11 +617,10 @@ def _elementwise(bb, inputs, attr, params, fallback):
 
 def _unified(bb, inputs, shapes, skipped):
     """``inputs`` ``match_cast`` so that their dims (but on the ``skipped`` axes) are the same
-    expressions,
-    or None where TVM proves them equal already. Each dim is a static one where there is one,
-    else the first that is not a plain variable: TVM's CanonicalizeBindings substitutes ``h ->
-    h // 4 * 4`` from a match_cast to a variable that the other dim is an expression of, without
-    end (a segfault). The casts check the sizes at run time."""
+    expressions, or None where TVM proves them equal already. Each dim is a static one where
+    there is one, else the first that is not a plain variable: TVM's CanonicalizeBindings
+    substitutes ``h -> h // 4 * 4`` from a match_cast to a variable that the other dim is an
+    expression of, without end (a segfault). The casts check the sizes at run time."""
     rank = len(shapes[0])
     analyzer = _shape_analyzer(*(d for s in shapes for d in s))
     unified = list(shapes[0])

@@ -73,14 +73,14 @@ def _mse(pred_ty) -> relax.Function:
 
 
 def _cross_entropy(pred_ty) -> relax.Function:
-    """``-mean(sum(log_softmax(p) * one_hot(t), axis=1)) * (batch / max(kept, 1))``.
+    """``-sum(sum(log_softmax(p) * one_hot(t), axis=1)) / max(kept, 1)``.
 
     Equal to relax.training's CrossEntropyLoss (log_softmax + nll_loss), whose legalized
     nll_loss backward crashes TVM 0.27's dlight.cpu.Reduction rule (compute_at InternalError).
     A target equal to ``IGNORE_INDEX`` has an all-zero one-hot row, and ``kept`` counts the
     other targets: the loss is the mean over those (torch's ``ignore_index``), 0 with zero
-    gradients when all are ignored. With none ignored the factor is exactly 1, so the loss
-    and gradients are those of the plain mean.
+    gradients when all are ignored. With none ignored ``kept`` is the batch: the plain mean.
+    The batch may be symbolic.
     """
     batch, classes = pred_ty.shape.values
     bb = relax.BlockBuilder()
@@ -96,8 +96,7 @@ def _cross_entropy(pred_ty) -> relax.Function:
             kept = relax.op.not_equal(labels, relax.const(IGNORE_INDEX, "int64"))
             kept = bb.emit(relax.op.sum(relax.op.astype(kept, "float32")))
             kept = bb.emit(relax.op.maximum(kept, relax.const(1.0, "float32")))
-            factor = bb.emit(relax.op.divide(relax.const(float(int(batch)), "float32"), kept))
-            mean = relax.op.multiply(relax.op.mean(picked), factor)
+            mean = relax.op.divide(relax.op.sum(picked), kept)
             loss = bb.emit_output(relax.op.negative(mean))
         bb.emit_func_output(loss)
     return bb.get()["cross_entropy_loss"]
