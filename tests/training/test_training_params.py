@@ -166,3 +166,13 @@ def test_a_forward_returning_a_tuple_of_one_tensor_is_trained_on_it():
     x, y = _batches(6, 1)[0]
     want = torch.nn.functional.mse_loss(model(torch.from_numpy(x)), torch.from_numpy(y))
     np.testing.assert_allclose(trainer.step(x, y), want.item(), rtol=1e-5, atol=1e-6)
+
+
+def test_carried_weights_of_another_count_are_named_not_silently_replaced():
+    torch.manual_seed(3)
+    program = torch.export.export(_TorchMLP(), (torch.randn(B, D),))
+    mod = from_exported_program(program, keep_params_as_input=True, unwrap_unit_return_tuple=True)
+    func = mod["main"]
+    mod["main"] = func.with_attr("params", list(func.attrs["params"])[:-1])
+    with pytest.warns(UserWarning, match="carries 3 weights for its 4 params; they are not used"):
+        Trainer(mod, "mse", SGD(0.05), level="O0")

@@ -148,7 +148,15 @@ def _attached_weights(func: relax.Function, params: list) -> dict | None:
     """The function's ``params`` attribute as {name: value}, when it has one value per param."""
     attrs = func.attrs or {}
     values = attrs["params"] if "params" in attrs else None
-    if values is None or len(values) != len(params):
+    if values is None:
+        return None
+    if len(values) != len(params):
+        warnings.warn(
+            f"tvmamp.training: the forward function carries {len(values)} weights for its "
+            f"{len(params)} params; they are not used (pass params=, or seeded values start)",
+            UserWarning,
+            stacklevel=4,
+        )
         return None
     return {p.name: v for p, v in zip(params, values)}
 
