@@ -9,6 +9,7 @@ import numpy as np
 
 from .common import UnsupportedOperatorError, require, split_params
 from .onnx_converters import ADDED_OPS
+from .onnx_converters import OVERRIDES as CONVERTERS
 from .onnx_fold import (
     constant_initializers,
     default_opset,
@@ -99,7 +100,7 @@ def from_onnx(
     model = prepare_for_import(model, shapes)
     model = expand_recurrent(model, shapes, opset)
     try:
-        with symbolic_converters():
+        with symbolic_converters(CONVERTERS, ADDED_OPS):
             mod = tvm_from_onnx(
                 model, shapes or None, dtype_dict, opset=opset, keep_params_in_input=True
             )

@@ -55,24 +55,22 @@ _END = 1 << 31
 
 
 @contextlib.contextmanager
-def symbolic_converters():
-    """Within the block, TVM's ONNX importer uses the overrides of this module and of
-    :mod:`.onnx_converters`, and a converter that fails raises :class:`UnsupportedOperatorError`
-    naming its op.
+def symbolic_converters(overrides=None, added=None):
+    """Within the block, TVM's ONNX importer uses the overrides of this module, and those
+    given (``{op: rewrite}``, :mod:`.onnx_converters`'s), converts the ``added`` ops it has no
+    converter for, and a converter that fails raises :class:`UnsupportedOperatorError` naming
+    its op.
 
     TVM looks its converters up with ``onnx_frontend._get_convert_map()`` for every node;
     the block swaps that function and restores it on exit.
     """
     from tvm.relax.frontend.onnx import onnx_frontend
 
-    from .onnx_converters import ADDED_OPS  # a module that imports this one
-    from .onnx_converters import OVERRIDES as CONVERTER_OVERRIDES
-
     original = onnx_frontend._get_convert_map
     base = original()
-    overrides = {**OVERRIDES, **CONVERTER_OVERRIDES}
-    wrapped = {op: _overriding(base[op], rewrite) for op, rewrite in overrides.items()}
-    wrapped |= {op: _added(onnx_frontend.OnnxOpConverter, op, f) for op, f in ADDED_OPS.items()}
+    rewrites = {**OVERRIDES, **(overrides or {})}
+    wrapped = {op: _overriding(base[op], rewrite) for op, rewrite in rewrites.items()}
+    wrapped |= {op: _added(onnx_frontend.OnnxOpConverter, op, f) for op, f in (added or {}).items()}
     named = {op: _naming_failures(op, c) for op, c in {**base, **wrapped}.items()}
     onnx_frontend._get_convert_map = lambda: {**original(), **named}
     try:
