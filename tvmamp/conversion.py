@@ -152,6 +152,8 @@ def convert(
         accumulate_dtype=accumulate_dtype,
         node_dtypes=dict(node_dtypes) if node_dtypes else None,
     )
+    if level != "O0" and policy.low_dtype == "bfloat16":
+        _warn_float16_as_bfloat16(mod, level)
     mod, constant_names = bind_params(mod, params)
     mod = TakeToSlice()(mod)  # x[i] is a slice, not an embedding lookup (black list)
     mod = SimplifyMatmulBroadcast()(mod)  # before FoldConstant can copy a weight per batch
@@ -166,20 +168,39 @@ def convert(
 
 def _warn_float64(mod: tvm.IRModule) -> None:
     """Warn that float64 ops stay float64: AMP lowers float32 computations only."""
+    found = _ops_computing_in(mod, "float64")
+    if found:
+        warnings.warn(
+            f"tvmamp.convert: {found} ops of the model compute in float64, which AMP leaves "
+            "as it is (it converts float32 computations); import the float32 model "
+            "(model.float(), float32 inputs) to have them converted",
+            stacklevel=3,
+        )
+
+
+def _warn_float16_as_bfloat16(mod: tvm.IRModule, level: str) -> None:
+    """Warn that a float16 model's ops run in bfloat16: 3 mantissa bits fewer than the model
+    was written for (a helper measured 6x torch fp16's error on such a model)."""
+    found = _ops_computing_in(mod, "float16")
+    if found:
+        warnings.warn(
+            f"tvmamp.convert: {found} ops of the model compute in float16; at {level} with "
+            "dtype 'bfloat16' they run in bfloat16, which keeps 3 fewer mantissa bits. Pass "
+            "dtype='float16' to keep float16, or import the float32 model",
+            stacklevel=3,
+        )
+
+
+def _ops_computing_in(mod: tvm.IRModule, dtype: str) -> int:
+    """How many calls of ``mod``'s Relax functions return a ``dtype`` tensor."""
     found = []
 
     def visit(expr):
         if isinstance(expr, relax.Call) and isinstance(expr.ty, relax.TensorType):
-            if expr.ty.dtype == "float64":
+            if expr.ty.dtype == dtype:
                 found.append(expr)
 
     for func in mod.functions.values():
         if isinstance(func, relax.Function):
             relax.analysis.post_order_visit(func, visit)
-    if found:
-        warnings.warn(
-            f"tvmamp.convert: {len(found)} ops of the model compute in float64, which AMP leaves "
-            "as it is (it converts float32 computations); import the float32 model "
-            "(model.float(), float32 inputs) to have them converted",
-            stacklevel=3,
-        )
+    return len(found)
