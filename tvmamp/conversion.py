@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import warnings
 from collections.abc import Mapping, Sequence
@@ -139,8 +140,6 @@ def convert(
         ``.target`` (a tvm Target) and ``.entry`` (its tvmamp TargetEntry).
     """
     mod = as_module(mod)
-    if level != "O0":
-        _warn_float64(mod)
     policy, tvm_target, entry = target_policy(
         level,
         dtype,
@@ -152,8 +151,8 @@ def convert(
         accumulate_dtype=accumulate_dtype,
         node_dtypes=dict(node_dtypes) if node_dtypes else None,
     )
-    if level != "O0" and policy.low_dtype == "bfloat16":
-        _warn_float16_as_bfloat16(mod, level)
+    if level != "O0":
+        _warn_unconverted(mod, level, policy.low_dtype)
     mod, constant_names = bind_params(mod, params)
     mod = TakeToSlice()(mod)  # x[i] is a slice, not an embedding lookup (black list)
     mod = SimplifyMatmulBroadcast()(mod)  # before FoldConstant can copy a weight per batch
@@ -166,41 +165,31 @@ def convert(
     return Converted(converted, amp.report, policy, tvm_target, entry)
 
 
-def _warn_float64(mod: tvm.IRModule) -> None:
-    """Warn that float64 ops stay float64: AMP lowers float32 computations only."""
-    found = _ops_computing_in(mod, "float64")
-    if found:
-        warnings.warn(
-            f"tvmamp.convert: {found} ops of the model compute in float64, which AMP leaves "
-            "as it is (it converts float32 computations); import the float32 model "
-            "(model.float(), float32 inputs) to have them converted",
-            stacklevel=3,
-        )
-
-
-def _warn_float16_as_bfloat16(mod: tvm.IRModule, level: str) -> None:
-    """Warn that a float16 model's ops run in bfloat16: 3 mantissa bits fewer than the model
-    was written for (a helper measured 6x torch fp16's error on such a model)."""
-    found = _ops_computing_in(mod, "float16")
-    if found:
-        warnings.warn(
-            f"tvmamp.convert: {found} ops of the model compute in float16; at {level} with "
-            "dtype 'bfloat16' they run in bfloat16, which keeps 3 fewer mantissa bits. Pass "
-            "dtype='float16' to keep float16, or import the float32 model",
-            stacklevel=3,
-        )
-
-
-def _ops_computing_in(mod: tvm.IRModule, dtype: str) -> int:
-    """How many calls of ``mod``'s Relax functions return a ``dtype`` tensor."""
-    found = []
+def _warn_unconverted(mod: tvm.IRModule, level: str, low_dtype: str) -> None:
+    """Warn of the ops AMP does not lower as asked, counted in one walk: float64 ops stay
+    float64 (AMP converts float32 computations only), and a float16 model's ops run in
+    bfloat16 when that is the low dtype, 3 mantissa bits fewer than the model was written for
+    (a helper measured 6x torch fp16's error on such a model)."""
+    counts = collections.Counter()
 
     def visit(expr):
         if isinstance(expr, relax.Call) and isinstance(expr.ty, relax.TensorType):
-            if expr.ty.dtype == dtype:
-                found.append(expr)
+            counts[str(expr.ty.dtype)] += 1
 
     for func in mod.functions.values():
         if isinstance(func, relax.Function):
             relax.analysis.post_order_visit(func, visit)
-    return len(found)
+    if counts["float64"]:
+        warnings.warn(
+            f"tvmamp.convert: {counts['float64']} ops of the model compute in float64, which "
+            "AMP leaves as it is (it converts float32 computations); import the float32 model "
+            "(model.float(), float32 inputs) to have them converted",
+            stacklevel=3,
+        )
+    if low_dtype == "bfloat16" and counts["float16"]:
+        warnings.warn(
+            f"tvmamp.convert: {counts['float16']} ops of the model compute in float16; at "
+            f"{level} with dtype 'bfloat16' they run in bfloat16, which keeps 3 fewer mantissa "
+            "bits. Pass dtype='float16' to keep float16, or import the float32 model",
+            stacklevel=3,
+        )
