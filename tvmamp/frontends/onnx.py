@@ -290,7 +290,7 @@ def read_model(onnx, model):
         _check_external_data_loaded(onnx, model)
     model = _in_topological_order(onnx, model)
     try:
-        onnx.checker.check_model(_with_contrib_domain(onnx, _with_placeholder_shapes(onnx, model)))
+        onnx.checker.check_model(_checkable(onnx, model))
     except onnx.checker.ValidationError as err:
         raise ValueError(f"{_COMPONENT}: {where} is not a valid ONNX model: {err}") from err
     return model
@@ -354,23 +354,35 @@ def _check_external_data_loaded(onnx, model) -> None:
         )
 
 
-def _with_placeholder_shapes(onnx, model):
-    """``model``, or a copy for ONNX's checker in which graph inputs and outputs without a
-    shape (unknown rank) have an empty one: the checker requires the field, onnxruntime and
-    TVM's importer do not (an input's rank then comes from ``shape_dict``)."""
-    unshaped = [
-        v
+def _checkable(onnx, model):
+    """``model``, or one copy of it for ONNX's checker, with
+
+    - an empty shape for graph inputs and outputs without one (unknown rank): the checker
+      requires the field, onnxruntime and TVM's importer do not (an input's rank then comes
+      from ``shape_dict``);
+    - the nodes of :data:`_CONTRIB_IN_ONNX_DOMAIN` below their ONNX version in onnxruntime's
+      domain, where the checker takes them as they are (tvmamp converts them by op type).
+
+    A model may hold gigabytes of weights: it is copied at most once."""
+    unshaped = {
+        v.name
         for v in [*model.graph.input, *model.graph.output]
         if v.type.HasField("tensor_type") and not v.type.tensor_type.HasField("shape")
-    ]
-    if not unshaped:
+    }
+    contrib = _contrib_in_onnx_domain(default_opset(model))
+    moved = any(contrib(n) for n in graph_nodes(model.graph))
+    if not unshaped and not moved:
         return model
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
-    names = {v.name for v in unshaped}
     for value in [*copy.graph.input, *copy.graph.output]:
-        if value.name in names and value.type.HasField("tensor_type"):
+        if value.name in unshaped and value.type.HasField("tensor_type"):
             value.type.tensor_type.shape.SetInParent()
+    for node in graph_nodes(copy.graph) if moved else ():
+        if contrib(node):
+            node.domain = "com.microsoft"
+    if moved and not any(o.domain == "com.microsoft" for o in copy.opset_import):
+        copy.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
     return copy
 
 
@@ -381,11 +393,8 @@ def _with_placeholder_shapes(onnx, model):
 _CONTRIB_IN_ONNX_DOMAIN = {"LayerNormalization": 17, "SimplifiedLayerNormalization": None}
 
 
-def _with_contrib_domain(onnx, model):
-    """``model``, or a copy for ONNX's checker in which the nodes of
-    :data:`_CONTRIB_IN_ONNX_DOMAIN` below their ONNX version are in onnxruntime's domain, where
-    the checker takes them as they are (tvmamp converts them by op type)."""
-    opset = default_opset(model)
+def _contrib_in_onnx_domain(opset: int):
+    """Whether a node is one of :data:`_CONTRIB_IN_ONNX_DOMAIN` in a model of ``opset``."""
 
     def contrib(node) -> bool:
         if not in_default_domain(node) or node.op_type not in _CONTRIB_IN_ONNX_DOMAIN:
@@ -393,16 +402,7 @@ def _with_contrib_domain(onnx, model):
         since = _CONTRIB_IN_ONNX_DOMAIN[node.op_type]
         return since is None or opset < since
 
-    if not any(contrib(n) for n in graph_nodes(model.graph)):
-        return model
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)
-    for node in graph_nodes(copy.graph):
-        if contrib(node):
-            node.domain = "com.microsoft"
-    if not any(o.domain == "com.microsoft" for o in copy.opset_import):
-        copy.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
-    return copy
+    return contrib
 
 
 # the domains of the ops TVM's importer converts: ONNX's, and onnxruntime's contrib ops that it
