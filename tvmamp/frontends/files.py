@@ -102,7 +102,8 @@ def _not_an_exported_program(path: str) -> str | None:
     (``None`` where it may be one)."""
     if not zipfile.is_zipfile(path):
         return f"it is not a zip archive; {TORCHSCRIPT_HINT}"
-    names = {name.split("/", 1)[-1] for name in zipfile.ZipFile(path).namelist()}
+    with zipfile.ZipFile(path) as archive:
+        names = {name.split("/", 1)[-1] for name in archive.namelist()}
     if "constants.pkl" in names or any(name.startswith("code/") for name in names):
         return "it holds a TorchScript module (torch.jit.save); give it a .pt suffix"
     if "data.pkl" in names:

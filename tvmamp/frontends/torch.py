@@ -337,10 +337,11 @@ def _resample_taps(node, axis, in_dims, out_dims, dtype):
     return index, weight
 
 
-# Ops whose symbolic-size form with an output size TVM's own converter maps as torch does.
+# Ops whose symbolic-size form with an output size TVM's own converter (the importer method
+# named) maps as torch does.
 _BY_OUTPUT_SIZE = {
-    "upsample_bilinear2d.vec": lambda importer, node: importer._upsample_bilinear2d(node),
-    "upsample_bicubic2d.vec": lambda importer, node: importer._upsample_bicubic2d(node),
+    "upsample_bilinear2d.vec": "_upsample_bilinear2d",
+    "upsample_bicubic2d.vec": "_upsample_bicubic2d",
 }
 
 
@@ -371,7 +372,7 @@ def _upsample_separable(node, importer):
         single = out_dims is not None and align and 1 in out_dims  # TVM divides by out - 1
         op = target.split(".", 1)[-1]  # aten.upsample_bicubic2d.vec -> upsample_bicubic2d.vec
         if op in _BY_OUTPUT_SIZE and not scales and not single:
-            return _BY_OUTPUT_SIZE[op](importer, node)
+            return getattr(importer, _BY_OUTPUT_SIZE[op])(node)
         raise UnsupportedOperatorError(
             f"tvmamp.from_torch: {target} with symbolic spatial sizes is not supported "
             "(torch's scale_factor / antialias mapping needs static input and output sizes); "
