@@ -26,7 +26,8 @@ class NodeDecision:
     category: str
     # "policy", "feeds_fp32" (O2: its result only feeds fp32 ops), "comparison" (O2: a
     # comparison of a computed fp32 value, kept fp32), "index_values" (computes on
-    # positions or counts cast from integers only: kept as written), "custom_fp32_nodes",
+    # positions or counts cast from integers only: kept as written), "quant_params" (computes
+    # only a quantization scale or zero point: kept as written), "custom_fp32_nodes",
     # "custom_low_nodes", "node_dtypes", "unsupported", "overflow"
     reason: str
 

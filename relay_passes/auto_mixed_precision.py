@@ -32,6 +32,13 @@ How it works, binding by binding (one pass, in program order):
   only those that do not accumulate join in (``outer``, ``prelu``, a ``matmul`` contracting a
   dimension of 1, as in ``inv_freq @ position_ids.float()``): a convolution of an image cast
   from uint8, or a GEMM of integer features, is the model's own compute and runs low.
+- Quantization parameters: the scales and zero points of ``quantize``/``dequantize``, and the
+  values a model computes only to make them (ONNX DynamicQuantizeLinear's ``min``/``max``,
+  ``(max - min) / 255`` and rounded zero point; the scales that dequantize MatMulInteger), are
+  computed as written, fp32, at every level (reason ``"quant_params"``;
+  :func:`~.amp_quant_params.quantization_params`), as Paddle and MindSpore keep quantization
+  fp32: in bf16 the scale moved a tenth of the quantized values by a step. At O2 a quantize's
+  data operand, and an input of those ops, is an fp32 use for :func:`_feeds_fp32_only`.
 - At O1 (and auto) an fp32 tensor constant or input-free tensor (a bound parameter, a
   position table) is an fp32 input of a follow op, as a parameter is in Paddle's O1 and in torch
   autocast's type promotion: ``h * w + b`` of MobileBERT's NoNorm runs in fp32. A scalar (rank 0:
@@ -55,11 +62,12 @@ from tvm import relax
 from tvm.ir.expr import Constant
 from tvm.relax import PyExprMutator
 
-from tvmamp.op_lists import ORDER_STATISTICS
+from tvmamp.op_lists import ORDER_STATISTICS, QUANTIZATION
 from tvmamp.policy import Category, Policy
 from tvmamp.tensors import FLOAT_DTYPES, np_dtype, static_shape, tensor_dtype
 
 from . import low_reductions
+from .amp_quant_params import quantization_params
 from .amp_report import AmpReport, ForcedNode, NodeDecision
 
 _CAST_OPS = ("relax.astype", "relax.wrap_param")
@@ -199,6 +207,7 @@ class _Rewriter(PyExprMutator):
         self._sources = {}  # var -> (constant, op names) when it holds only that constant's values
         self._peaks = {}  # constant -> largest finite magnitude in it
         self._low_params = False
+        self._quant_params = set()  # vars computed only to become quantization parameters
         self._fp32_only = set()  # vars whose every use computes in fp32 (O2 analysis)
         self._fp32_or_result = set()  # the same, counting the function's (fp32) results too
         self._decisions = set()  # vars read only on the way to an order statistic (a router)
@@ -211,9 +220,12 @@ class _Rewriter(PyExprMutator):
         """Rewrite one function; restore its result dtypes unless ``low_io``."""
         self._low_params = low_io
         self._func_name = name
-        self._fp32_only = _feeds_fp32_only(func, self.policy)
+        self._quant_params = quant = quantization_params(func)
+        self._fp32_only = _feeds_fp32_only(func, self.policy, quant_params=quant)
         # with keep_io_types the results are cast back to fp32: a use like an fp32 op's
-        self._fp32_or_result = set() if low_io else _feeds_fp32_only(func, self.policy, True)
+        self._fp32_or_result = (
+            set() if low_io else _feeds_fp32_only(func, self.policy, True, quant_params=quant)
+        )
         self._decisions = _feeds_decisions_only(func, self.policy)
         self._seen_names = {}
         for param in func.params:  # the TVMScript printer numbers names after the parameters
@@ -398,10 +410,12 @@ class _Rewriter(PyExprMutator):
         node_id = f"{self._func_name}/{self._unique_name}"
         reason = "policy"
         index = self._computes_on_index_values(op_name, args)
-        if index:  # positions, counts: computed as written, in fp32 unless the model said else
+        if index or var in self._quant_params:
+            # positions, counts, quantization scales and zero points: computed as written, in
+            # fp32 unless the model said else
             written = [tensor_dtype(e) for e in self._float_inputs(call.args)]
             dtype = "float32" if "float32" in written else written[0]
-            reason = "index_values"
+            reason = "index_values" if index else "quant_params"
         elif self._compares_fp32(op_name, inputs, dtype):
             dtype, reason = "float32", "comparison"
         elif self._undone_at_once(var, op_name, inputs, dtype):
@@ -412,8 +426,8 @@ class _Rewriter(PyExprMutator):
         category = self.policy.category(op_name).value
         self.report.nodes.append(NodeDecision(node_id, op_name, dtype, category, reason))
         self.report.count_op(op_name, dtype)
-        if reason == "index_values":
-            return self._as_written(call, args), None, True
+        if reason in ("index_values", "quant_params"):
+            return self._as_written(call, args), None, reason == "index_values"
         new_args = [self._map_float(a, lambda e, _cur: self._to_dtype(e, dtype)) for a in args]
         attrs, nominal = call.attrs, None
         if dtype != "float32" and _accumulates(op_name, attrs):
@@ -765,13 +779,17 @@ _COMPARISONS = frozenset(
 )
 
 
-def _feeds_fp32_only(func: relax.Function, policy: Policy, results: bool = False) -> set:
+def _feeds_fp32_only(
+    func: relax.Function, policy: Policy, results: bool = False, quant_params=frozenset()
+) -> set:
     """Vars of ``func`` whose every use computes in fp32 whatever the dtype of the var.
 
     A use counts when it is a direct argument of an op that computes in fp32 even from low
     inputs (the black list, ops the target cannot run low), of a comparison, of a promote-list
-    op (which computes in fp32 when the var is fp32), of ``astype(..., "float32")``, or of a
-    follow op whose own result is in the set. A use by a
+    op (which computes in fp32 when the var is fp32), of ``astype(..., "float32")``, of a
+    follow op whose own result is in the set, or, for a var written in fp32, of a quantize or
+    dequantize or an op of ``quant_params`` (they compute as written: the tensor a
+    DynamicQuantizeLinear quantizes and measures is not rounded to bf16 first). A use by a
     white op that runs low is neutral: it reads a low copy whatever the var's dtype, so a var
     whose other uses all count is in the set too (DebertaV2 multiplies its embedding LayerNorm
     by the mask, and the product feeds both the Q/K/V GEMMs and the fp32 residual stream; run
@@ -791,9 +809,9 @@ def _feeds_fp32_only(func: relax.Function, policy: Policy, results: bool = False
 
     # with ``results``, a follow consumer counts only when it is fp32 without them: the rule
     # for results decides from the op's own inputs, so it does not carry over to producers
-    strict = _feeds_fp32_only(func, policy) if results else None
+    strict = _feeds_fp32_only(func, policy, quant_params=quant_params) if results else None
 
-    def fp32_use(use, found) -> bool | None:
+    def fp32_use(var, use, found) -> bool | None:
         """True: the use computes in fp32; None: a low white op; False: any other use."""
         value, consumer = use
         if results and value is None and consumer is None:
@@ -809,6 +827,8 @@ def _feeds_fp32_only(func: relax.Function, policy: Policy, results: bool = False
         name = value.op.name
         if name in _CAST_OPS:
             return name == "relax.astype" and str(value.attrs.dtype) == "float32"
+        if name in QUANTIZATION or consumer in quant_params:
+            return tensor_dtype(var) == "float32"  # it reads the var as written
         if policy.compute_dtype(name, [low]) == "float32" or name in _COMPARISONS:
             return True
         if policy.category(name) is Category.PROMOTE:
@@ -821,7 +841,7 @@ def _feeds_fp32_only(func: relax.Function, policy: Policy, results: bool = False
 
     found = set()
     for binding in reversed(bindings):
-        kinds = [fp32_use(u, found) for u in uses.get(binding.var, [])]
+        kinds = [fp32_use(binding.var, u, found) for u in uses.get(binding.var, [])]
         if True in kinds and False not in kinds:
             found.add(binding.var)
     return found
