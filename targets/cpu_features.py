@@ -79,6 +79,13 @@ FEATURES: tuple[CpuFeature, ...] = (
     CpuFeature("sahf", "lahf_lm", EXT, 0, ECX, 0),
     CpuFeature("lzcnt", "abm", EXT, 0, ECX, 5),
     CpuFeature("prfchw", "3dnowprefetch", EXT, 0, ECX, 8),
+    # AMD's own extensions, which no Intel CPU has. LLVM's znver models use sse4a's insertq for
+    # byte shuffles: a torch attention's bool-mask kernel built for znver4 held it and stopped an
+    # Emerald Rapids with SIGILL (2026-11-28). xop, fma4 and tbm are the bdver models'.
+    CpuFeature("sse4a", "sse4a", EXT, 0, ECX, 6),
+    CpuFeature("xop", "xop", EXT, 0, ECX, 11, YMM_STATE),
+    CpuFeature("fma4", "fma4", EXT, 0, ECX, 16, YMM_STATE),
+    CpuFeature("tbm", "tbm", EXT, 0, ECX, 21),
 )
 FEATURE_NAMES = tuple(f.name for f in FEATURES)
 

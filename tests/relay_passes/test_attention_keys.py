@@ -154,7 +154,7 @@ def test_padded_attention_runs_as_one_kernel_and_matches_float64(any_size, rng, 
     a bf16 tolerance)."""
     if "avx512_bf16" not in _host_flags():
         pytest.skip("the merged scores-and-softmax kernel needs avx512_bf16")
-    target = {"kind": "llvm", "mcpu": "znver4", "num-cores": cores}
+    target = {"kind": "llvm", "mcpu": "znver4", "mattr": ["-sse4a"], "num-cores": cores}
     exe = tvmamp.build(_attention(60, queries=61), "O0", target)
     q, k_t, v = (
         rng.standard_normal(shape).astype(ml_dtypes.bfloat16)
@@ -209,7 +209,7 @@ def test_torchs_safe_softmax_is_padded_too(any_size, rng):
     mask = torch.from_numpy(rng.standard_normal((1, 1, 61, 60)).astype("float32"))
     mask[..., 3, :] = -torch.inf  # query 3 sees no key
     mod, params = tvmamp.from_torch(Attention().eval(), (q, k, v, mask))
-    target = {"kind": "llvm", "mcpu": "znver4", "num-cores": 1}
+    target = {"kind": "llvm", "mcpu": "znver4", "mattr": ["-sse4a"], "num-cores": 1}
     converted = tvmamp.convert(mod, "O2", target, dtype="bfloat16", params=params)
     kernels = [gv.name_hint for gv, _ in run_front_phases(converted).functions_items()]
     assert any("matmul" in k and "softmax" in k for k in kernels), kernels

@@ -370,7 +370,9 @@ def test_a_ceil_mode_max_pool_stays_on_rows_and_matches_torch(kind):
     rng = np.random.default_rng(5)
     x = rng.standard_normal((1, 8, 9, 7)).astype(ml_dtypes.bfloat16)
     w = rng.standard_normal((16, 8, 3, 3)).astype(ml_dtypes.bfloat16)
-    out = np.asarray(tvmamp.build(CeilPool, "O0", "llvm -mcpu=znver4")(x, w), "float32")
+    out = np.asarray(
+        tvmamp.build(CeilPool, "O0", "llvm -mcpu=znver4 -mattr=-sse4a")(x, w), "float32"
+    )
     conv = torch.nn.functional.conv2d(
         torch.from_numpy(x.astype("float32")), torch.from_numpy(w.astype("float32")), padding=1
     ).bfloat16()
@@ -400,7 +402,9 @@ def test_one_image_enters_the_rows_through_a_view_and_a_2d_transpose(n, c, viewe
     assert ("R.memory.view" in script) == viewed
     x = rng.standard_normal((n, c, 8, 8)).astype(ml_dtypes.bfloat16)
     w = rng.standard_normal((16, c, 3, 3)).astype(ml_dtypes.bfloat16)
-    out = np.asarray(tvmamp.build(OneConv, "O0", "llvm -mcpu=znver4")(x, w), "float64")
+    out = np.asarray(
+        tvmamp.build(OneConv, "O0", "llvm -mcpu=znver4 -mattr=-sse4a")(x, w), "float64"
+    )
     ref = torch.nn.functional.conv2d(
         torch.from_numpy(x.astype("float64")), torch.from_numpy(w.astype("float64")), padding=1
     ).numpy()
@@ -477,7 +481,7 @@ def test_the_llvm_pipeline_keeps_silu_and_squeeze_excitation_on_rows():
     at O2: 3.05 -> 2.57 ms, one thread)."""
     from tvmamp.targets.llvm import partition_passes
 
-    target = tvm.target.Target({"kind": "llvm", "mcpu": "znver4"})
+    target = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "mattr": ["-sse4a"]})
     with target:
         out = tvm.transform.Sequential(partition_passes(target, None))(MBConvSiLU)
     assert "depthwise_rows" in _kernel_names(out)

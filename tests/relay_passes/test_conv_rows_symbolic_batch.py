@@ -27,7 +27,7 @@ from tvmamp.relay_passes.conv2d_to_gemm import Conv2dToGemm
 
 onnx = pytest.importorskip("onnx")
 
-TARGET = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
+TARGET = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "mattr": ["-sse4a"], "num-cores": 2})
 
 
 class _Net(nn.Module):

@@ -17,7 +17,7 @@ from tvmamp.targets.llvm import _host_flags
 BF16 = "bfloat16"
 _CONV_T = tvm.ir.Op.get("relax.nn.conv2d_transpose")
 TARGETS = [
-    pytest.param("llvm -mcpu=znver4 -num-cores=1", "avx512_bf16", id="vdpbf16ps"),
+    pytest.param("llvm -mcpu=znver4 -mattr=-sse4a -num-cores=1", "avx512_bf16", id="vdpbf16ps"),
     pytest.param("llvm -mcpu=sapphirerapids -num-cores=1", "amx_bf16", id="amx"),
 ]
 # (input, out channels, kernel, stride, padding (top, left, bottom, right), output_padding)

@@ -124,7 +124,9 @@ def test_fp32_fast_kernels_are_accurate_and_call_no_libm(op, ref):
     x = np.random.default_rng(3).uniform(-20, 20, (3, 77)).astype("float32")
     if op is relax.op.exp:
         x *= 4  # the whole range, to |x| = 80
-    target = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 1})
+    target = tvm.target.Target(
+        {"kind": "llvm", "mcpu": "znver4", "mattr": ["-sse4a"], "num-cores": 1}
+    )
     with target:
         lowered = tvm.transform.Sequential([*legalize_passes(), *cpu_schedule_passes(target)])(mod)
     exe = tvm.compile(lowered, target=target)

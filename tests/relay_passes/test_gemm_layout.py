@@ -16,7 +16,7 @@ from tvmamp.schedules.cpu import cpu_schedule_passes
 from tvmamp.targets import registry
 from tvmamp.targets.llvm import _host_flags
 
-ZNVER4 = "llvm -mcpu=znver4 -num-cores=1"
+ZNVER4 = "llvm -mcpu=znver4 -mattr=-sse4a -num-cores=1"
 SAPPHIRE = "llvm -mcpu=sapphirerapids -num-cores=1"
 
 

@@ -12,7 +12,7 @@ import tvmamp
 from tvmamp.pipeline import run_front_phases
 from tvmamp.relay_passes.row_layout import SinkRowLayoutBelowMatmul
 
-ZNVER4 = "llvm -mcpu=znver4 -num-cores=1"
+ZNVER4 = "llvm -mcpu=znver4 -mattr=-sse4a -num-cores=1"
 
 
 def _tensor(name, shape, dtype="float32"):

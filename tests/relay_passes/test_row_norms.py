@@ -14,7 +14,7 @@ from tvmamp.relay_passes.row_norms import LEGALIZE_MAP
 from tvmamp.schedules.cpu.bf16_common import root_blocks
 from tvmamp.targets.registry import REGISTRY
 
-LLVM = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 1})
+LLVM = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "mattr": ["-sse4a"], "num-cores": 1})
 
 
 def _norm(kind: str, shape, dtype: str = "float32") -> tvm.IRModule:

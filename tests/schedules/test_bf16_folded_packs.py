@@ -19,7 +19,7 @@ from tvmamp.schedules.cpu.bf16_passes import _folded_functions
 from tvmamp.targets.llvm import _host_flags
 
 # Build for an avx512_bf16 CPU whatever the host (the crash was at build time); run on one.
-TARGET = "llvm -mcpu=znver4 -num-cores=1"
+TARGET = "llvm -mcpu=znver4 -mattr=-sse4a -num-cores=1"
 
 
 class ChunkedLinear(torch.nn.Module):

@@ -72,7 +72,9 @@ CONVS = [
 
 @pytest.mark.parametrize(("data", "weight", "stride", "padding", "groups"), CONVS)
 def test_conv_has_a_task_per_core(rng, data, weight, stride, padding, groups):
-    target = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": CORES})
+    target = tvm.target.Target(
+        {"kind": "llvm", "mcpu": "znver4", "mattr": ["-sse4a"], "num-cores": CORES}
+    )
     with target:
         mod = tvm.transform.Sequential([*LEGALIZE, *cpu_schedule_passes(target)])(
             _conv(data, weight, stride, padding, groups)
@@ -94,7 +96,9 @@ def test_conv_has_a_task_per_core(rng, data, weight, stride, padding, groups):
 def test_padding_of_few_planes_runs_rows_in_parallel(rng):
     """A 3-channel image's padding copy ran its 3 planes as 3 parallel tasks."""
     data, weight = (1, 3, 37, 41), (32, 3, 3, 3)
-    target = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": CORES})
+    target = tvm.target.Target(
+        {"kind": "llvm", "mcpu": "znver4", "mattr": ["-sse4a"], "num-cores": CORES}
+    )
     with target:
         mod = tvm.transform.Sequential([*LEGALIZE, *cpu_schedule_passes(target)])(
             _conv(data, weight, (1, 1), (1, 1), 1)

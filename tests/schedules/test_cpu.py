@@ -15,7 +15,7 @@ import tvmamp
 from tvmamp.pipeline import legalize_passes
 from tvmamp.schedules.cpu import CPUConv2d, CPUMatmul, cpu_schedule_passes, default_cpu_rules
 
-TARGET = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
+TARGET = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "mattr": ["-sse4a"], "num-cores": 2})
 LEGALIZE = legalize_passes()
 
 
@@ -429,7 +429,9 @@ def test_concat_on_the_last_axis_is_cut_into_one_loop_per_input(
             out = bb.emit_output(relax.op.nn.relu(relax.op.multiply(y, scale)))
         bb.emit_func_output(out)
     mod = bb.get()
-    target = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": cores})
+    target = tvm.target.Target(
+        {"kind": "llvm", "mcpu": "znver4", "mattr": ["-sse4a"], "num-cores": cores}
+    )
     script = _elementwise_script(mod, target)
     assert script.count("_partition") == len(widths)
     low = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float32
@@ -455,7 +457,9 @@ def test_concat_of_channels_is_cut_into_one_loop_per_input(channels, size, cores
             out = bb.emit_output(relax.op.sigmoid(relax.op.concat(xs, axis=1)))
         bb.emit_func_output(out)
     mod = bb.get()
-    target = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": cores})
+    target = tvm.target.Target(
+        {"kind": "llvm", "mcpu": "znver4", "mattr": ["-sse4a"], "num-cores": cores}
+    )
     script = _elementwise_script(mod, target)
     assert script.count("_partition") == len(channels), script
     arrays = [rng.standard_normal(shape).astype("float32") for shape in shapes]

@@ -17,7 +17,9 @@ from tvmamp.targets.llvm import _host_flags
 BF16 = "bfloat16"
 AMX = "llvm -mcpu=sapphirerapids -num-cores=1"
 TARGETS = [
-    pytest.param("llvm -mcpu=znver4 -num-cores=1", "vdpbf16ps", "avx512_bf16", id="vdpbf16ps"),
+    pytest.param(
+        "llvm -mcpu=znver4 -mattr=-sse4a -num-cores=1", "vdpbf16ps", "avx512_bf16", id="vdpbf16ps"
+    ),
     pytest.param(AMX, "tdpbf16ps", "amx_bf16", id="amx"),
 ]
 
@@ -325,7 +327,9 @@ def _calls(mod: tvm.IRModule) -> list[tuple[str, list[list[int]], list[int]]]:
     return calls
 
 
-@pytest.mark.parametrize("target", [AMX, "llvm -mcpu=znver4 -num-cores=1"], ids=["amx", "avx512"])
+@pytest.mark.parametrize(
+    "target", [AMX, "llvm -mcpu=znver4 -mattr=-sse4a -num-cores=1"], ids=["amx", "avx512"]
+)
 def test_one_activation_copy_per_conv(target):
     mod, params = tvmamp.models.conv_net(channels=32, size=16, blocks=3)
     calls = _calls(_scheduled(mod, target, params))

@@ -27,7 +27,9 @@ from tvmamp.schedules.x86 import bf16_intrin
 from tvmamp.targets.llvm import _host_flags
 
 # znver4 has avx512_bf16 but no AMX (vdpbf16ps kernels); sapphirerapids adds AMX-BF16.
-VDPBF16PS = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 1})
+VDPBF16PS = tvm.target.Target(
+    {"kind": "llvm", "mcpu": "znver4", "mattr": ["-sse4a"], "num-cores": 1}
+)
 AMX = tvm.target.Target({"kind": "llvm", "mcpu": "sapphirerapids", "num-cores": 2})
 NO_BF16 = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 1})
 # Intel avx512_bf16 without AMX: vdpbf16ps at half the FLOPs of the fp32 FMAs
@@ -112,7 +114,9 @@ def test_blocks_of_row_tiles_match_float64(rng, monkeypatch, cores, constant):
     """33 row tiles of 96 values, blocks of 3 (a 4.6 KB limit): each block walks every strip."""
     _needs_host("avx512_bf16")
     monkeypatch.setattr(common, "A_BLOCK_BYTES", 8 * 96 * 2 * 3)
-    target = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": cores})
+    target = tvm.target.Target(
+        {"kind": "llvm", "mcpu": "znver4", "mattr": ["-sse4a"], "num-cores": cores}
+    )
     a, b = _bf16(rng, (264, 96)), _bf16(rng, (96, 64))
     mod, exe = _compile(_gemm(264, 96, 64, b if constant else None), target)
     gemm = next(f for gv, f in mod.functions_items() if gv.name_hint.endswith("prepacked"))
@@ -165,7 +169,9 @@ def test_row_tiles_outside_with_an_epilogue_operand_match_float64(
 ):
     """3003 rows (429 row tiles of 7) walk a 70 x 45 weight, fused with an fp32 update."""
     _needs_host("avx512_bf16")
-    target = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": cores})
+    target = tvm.target.Target(
+        {"kind": "llvm", "mcpu": "znver4", "mattr": ["-sse4a"], "num-cores": cores}
+    )
     plans = []
     monkeypatch.setattr(
         bf16_matmul, "make_plan", lambda *a: plans.append(make_plan(*a)) or plans[-1]
@@ -222,7 +228,9 @@ def test_the_padded_copy_of_a_vectorises_only_whole_vectors(rng, k, vector):
 def test_row_tiles_run_in_parallel_when_column_tasks_are_too_few(rng, m, k, n):
     """16 cores: 1, 2 or 32 column tasks; the row tiles join them in the parallel loop."""
     _needs_host("avx512_bf16")
-    target = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 16})
+    target = tvm.target.Target(
+        {"kind": "llvm", "mcpu": "znver4", "mattr": ["-sse4a"], "num-cores": 16}
+    )
     a, b = _bf16(rng, (m, k)), _bf16(rng, (k, n))
     mod, exe = _compile(_gemm(m, k, n), target)
     gemm = next(f for gv, f in mod.functions_items() if "matmul" in gv.name_hint)

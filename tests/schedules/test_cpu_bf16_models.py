@@ -19,7 +19,9 @@ from tvmamp.relay_passes.conv2d_to_gemm import Conv2dToGemm
 from tvmamp.targets.llvm import _host_flags
 
 TARGETS = [
-    pytest.param("llvm -mcpu=znver4 -num-cores=1", "vdpbf16ps", "avx512_bf16", id="vdpbf16ps"),
+    pytest.param(
+        "llvm -mcpu=znver4 -mattr=-sse4a -num-cores=1", "vdpbf16ps", "avx512_bf16", id="vdpbf16ps"
+    ),
     pytest.param("llvm -mcpu=sapphirerapids -num-cores=1", "tdpbf16ps", "amx_bf16", id="amx"),
 ]
 

@@ -16,8 +16,8 @@ from tvmamp.relay_passes.gemm_softmax import FuseGemmSoftmax
 from tvmamp.schedules.cpu import bf16_softmax
 from tvmamp.targets.llvm import _host_flags
 
-ZNVER4 = "llvm -mcpu=znver4 -num-cores=1"
-ZNVER4_2 = "llvm -mcpu=znver4 -num-cores=2"
+ZNVER4 = "llvm -mcpu=znver4 -mattr=-sse4a -num-cores=1"
+ZNVER4_2 = "llvm -mcpu=znver4 -mattr=-sse4a -num-cores=2"
 SAPPHIRE = "llvm -mcpu=sapphirerapids -num-cores=2"
 
 
@@ -170,7 +170,9 @@ def test_fuse_gemm_softmax_leaves_a_module_without_pairs_unchanged():
     assert ["matmul", "multiply", "softmax_fast", "cast"] in calls
 
 
-ZNVER4_T = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 1})
+ZNVER4_T = tvm.target.Target(
+    {"kind": "llvm", "mcpu": "znver4", "mattr": ["-sse4a"], "num-cores": 1}
+)
 
 
 def _grouping() -> list:

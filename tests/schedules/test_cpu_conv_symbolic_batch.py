@@ -17,7 +17,7 @@ from tvm import relax
 
 import tvmamp
 
-TARGET = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
+TARGET = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "mattr": ["-sse4a"], "num-cores": 2})
 # (channels, height, width, filters, kernel, stride, padding, groups)
 CASES = {
     "dense 3x3": (8, 13, 11, 24, 3, 1, 1, 1),

@@ -15,7 +15,7 @@ from tvmamp.schedules.cpu.fp16_matmul import CPUMatmulFP16, make_plan
 from tvmamp.targets.llvm import _host_flags
 
 # AVX-512 (16 fp32 lanes, no avx512_fp16, so fp16 is only converted) and AVX2 (8 lanes).
-AVX512 = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 1})
+AVX512 = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "mattr": ["-sse4a"], "num-cores": 1})
 AVX2 = tvm.target.Target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})
 NO_F16C = tvm.target.Target({"kind": "llvm", "mcpu": "x86-64", "num-cores": 1})
 TARGETS = [pytest.param(AVX512, "avx512f", id="avx512"), pytest.param(AVX2, "avx2", id="avx2")]
@@ -150,8 +150,10 @@ def simple_net_fp16():
     """A small SimpleNet built O2 fp16 for the AVX-512 target, with its inputs and fp32 output."""
     mod, params = models.simple_net(batch=1, hidden=256, layers=3)
     x = np.random.default_rng(7).standard_normal((1, 256)).astype("float32")
-    exe = tvmamp.build(mod, "O2", "llvm -mcpu=znver4 -num-cores=1", "float16", params=params)
-    ref = tvmamp.build(mod, "O0", "llvm -mcpu=znver4 -num-cores=1", params=params)(x)
+    exe = tvmamp.build(
+        mod, "O2", "llvm -mcpu=znver4 -mattr=-sse4a -num-cores=1", "float16", params=params
+    )
+    ref = tvmamp.build(mod, "O0", "llvm -mcpu=znver4 -mattr=-sse4a -num-cores=1", params=params)(x)
     return exe, x, np.asarray(ref)
 
 

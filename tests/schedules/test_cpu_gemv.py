@@ -17,7 +17,7 @@ from tvmamp.targets.llvm import _host_flags
 
 LEGALIZE = legalize_passes()
 # Forced kinds: AVX-512 (16 fp32 lanes, 2 cores: parallel), AVX2 (8 lanes), AVX-512 on Intel.
-ZNVER4 = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
+ZNVER4 = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "mattr": ["-sse4a"], "num-cores": 2})
 AVX2 = tvm.target.Target({"kind": "llvm", "mcpu": "x86-64-v3", "num-cores": 1})
 SKYLAKE = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2})
 TARGETS = [
@@ -155,7 +155,9 @@ def test_large_gemv_runs_in_parallel_over_column_panels(rng):
     mod, _ = _compile(_linear(1, k, n, "nk", weight=w, bias=bias), ZNVER4)
     script = _kernel_script(mod)
     assert "T.parallel" in script and "T.vectorized" in script
-    single = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 1})
+    single = tvm.target.Target(
+        {"kind": "llvm", "mcpu": "znver4", "mattr": ["-sse4a"], "num-cores": 1}
+    )
     mod, _ = _compile(_linear(1, k, n, "nk", weight=w, bias=bias), single)
     assert "T.parallel" not in _kernel_script(mod)
 

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 import tvm
+from forced_cpus import forced, forced_str, runs_here
 from tvm import relax, s_tir, tirx
 
 import tvmamp
@@ -21,7 +22,7 @@ from tvmamp.relay_passes.conv2d_im2col import WINDOW_ATTR
 from tvmamp.relay_passes.grouped_conv_gemm import PERMUTE_ATTR
 from tvmamp.schedules.cpu import CPUConv2d
 from tvmamp.schedules.cpu.conv_common import ConvShape, choose_plan, find_conv
-from tvmamp.targets.cpu_features import cpu_level_features, host_cpu_features
+from tvmamp.targets.cpu_features import cpu_level_features
 from tvmamp.targets.llvm import _host_flags
 
 KINDS = ("x86-64-v3", "skylake-avx512", "znver4", "sapphirerapids")
@@ -87,8 +88,7 @@ def conv_model(case, epilogue: str = "bias_relu") -> tuple[torch.nn.Module, tvm.
 
 
 def runnable(kind: str) -> bool:
-    host = host_cpu_features()
-    return host is not None and set(cpu_level_features(kind)) <= host
+    return runs_here(forced(kind, 2))
 
 
 def check_close(out: np.ndarray, ref: np.ndarray, dtype: str) -> None:
@@ -143,8 +143,10 @@ def test_batch_norm_and_relu6_epilogue(rng, name, dtype):
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_rule_schedules_every_group_count(name):
     """The conv rule takes every grouped conv: vectorised, register-tiled, nothing naive."""
-    target = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
-    (func,) = conv_kernels(conv_model(CASES[name])[1], "llvm -mcpu=znver4")
+    target = tvm.target.Target(
+        {"kind": "llvm", "mcpu": "znver4", "mattr": ["-sse4a"], "num-cores": 2}
+    )
+    (func,) = conv_kernels(conv_model(CASES[name])[1], "llvm -mcpu=znver4 -mattr=-sse4a")
     sch = CPUConv2d().apply(func, target, False)
     assert sch is not None, f"{name}: CPUConv2d left the grouped conv to the naive fallback"
     script = sch.mod["main"].script()
@@ -158,9 +160,11 @@ def test_padding_copies_whole_rows(dtype):
     """The padding copy runs one plane at a time, its interior rows as plain vectors: no
     element-wise gather with an integer division per element (it made a grouped 32 x 28 x 28
     conv 0.081 ms at O2 against 0.040 ms now)."""
-    target = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
+    target = tvm.target.Target(
+        {"kind": "llvm", "mcpu": "znver4", "mattr": ["-sse4a"], "num-cores": 2}
+    )
     case = ((1, 32, 28, 28), 32, 3, 1, 1, 1, 4)
-    (func,) = conv_kernels(conv_model(case)[1], "llvm -mcpu=znver4", dtype)
+    (func,) = conv_kernels(conv_model(case)[1], "llvm -mcpu=znver4 -mattr=-sse4a", dtype)
     sch = CPUConv2d().apply(func, target, False)
     script = sch.mod["main"].script()
     # The 28 interior columns of the 28 interior rows: one vector each, no bounds check.
@@ -194,7 +198,7 @@ def test_forced_cpu_kinds(rng, kind, dtype):
     """Each CPU kind: run where the host can, else check the conv kernels' vector FMAs."""
     name = "narrow_groups"  # vectors of 16 groups: full zmm FMAs with AVX-512
     model, mod = conv_model(CASES[name])
-    target = f"llvm -mcpu={kind} -num-cores=2"
+    target = forced_str(kind, 2)
     if runnable(kind):
         x = rng.standard_normal(CASES[name][0]).astype("float32")
         with torch.no_grad():
@@ -301,7 +305,7 @@ def test_rows_kernels_are_vectorised_or_unrolled(attr):
     model = _shuffle_net()
     x = torch.zeros((1, 3, 61, 53))
     mod, params = tvmamp.from_torch(model, (x,))
-    target = "llvm -mcpu=znver4 -num-cores=2"
+    target = "llvm -mcpu=znver4 -mattr=-sse4a -num-cores=2"
     lowered = _lowered_kernels(mod, params, target)
     tvm_target = tvmamp.convert(mod, "O0", target).target
     funcs = [
@@ -330,7 +334,7 @@ def test_a_grouped_conv_copies_each_taps_channels_as_one_vector(rng):
     model = torch.nn.Conv1d(96, 96, 16, padding=8, groups=4).eval()
     x = rng.standard_normal((1, 96, 49)).astype("float32")
     mod, params = tvmamp.from_torch(model, (torch.from_numpy(x),))
-    target = "llvm -mcpu=znver4 -num-cores=1"
+    target = "llvm -mcpu=znver4 -mattr=-sse4a -num-cores=1"
     converted = tvmamp.convert(mod, "O2", target, "bfloat16", params=params)
     with converted.target:
         passes = tvmamp.pipeline.schedule_passes(converted.target, converted.entry)

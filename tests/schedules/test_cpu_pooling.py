@@ -89,7 +89,7 @@ def test_rule_vectorises_and_builds(name, dtype, mcpu):
 
 def test_rule_declines_other_reductions():
     """A softmax, a sum over channels and a matmul are not pooling."""
-    target = tvm.target.Target({"kind": "llvm", "mcpu": "znver4"})
+    target = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "mattr": ["-sse4a"]})
     ops = [
         lambda x: relax.op.nn.softmax(x, axis=-1),
         lambda x: relax.op.sum(x, axis=[1], keepdims=True),
@@ -128,7 +128,9 @@ def test_bf16_shuffle_keeps_contiguous_vectors():
     Before, the whole nest was fused and split by 32, so every lane recomputed its channel.
     """
     mod = _module(_channel_shuffle, (1, 240, 28, 28), "bfloat16")
-    converted = tvmamp.convert(mod, "O3", "llvm -mcpu=znver4", "bfloat16", keep_io_types=False)
+    converted = tvmamp.convert(
+        mod, "O3", "llvm -mcpu=znver4 -mattr=-sse4a", "bfloat16", keep_io_types=False
+    )
     lowered = run_front_phases(converted)
     (func,) = [f for _, f in lowered.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
     with converted.target:
@@ -152,7 +154,9 @@ def test_symbolic_image_sizes(name, cores):
     op, ref = CASES[name]
     h, w = tvm.tirx.Var("h", "int64"), tvm.tirx.Var("w", "int64")
     mod = _module(op, (2, 20, h, w))
-    target = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": cores})
+    target = tvm.target.Target(
+        {"kind": "llvm", "mcpu": "znver4", "mattr": ["-sse4a"], "num-cores": cores}
+    )
     (func,) = _kernels(mod, target)
     with target:
         sch = CPUPooling().apply(func, target, False)

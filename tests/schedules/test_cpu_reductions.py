@@ -120,7 +120,9 @@ def _outer_extent(func: tvm.tirx.PrimFunc) -> int:
 def test_short_rows_are_handled_in_groups(name, shape, group):
     """A few rows at a time, each stage for all of them: the rows' chains of reductions overlap.
     Several row axes are made one first, else a group's regions would cover whole planes."""
-    target = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 1})
+    target = tvm.target.Target(
+        {"kind": "llvm", "mcpu": "znver4", "mattr": ["-sse4a"], "num-cores": 1}
+    )
     mod = FastMath()(_module(CASES[name][0], shape))
     (func,) = _kernels(mod, target)
     with target:
@@ -147,7 +149,9 @@ def test_symbolic_rows(name):
     """A dynamic batch makes the number of rows symbolic: the rows still get vectorised
     reductions (they were scalar loops, 10x slower), and the result matches numpy at two
     batch sizes."""
-    target = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
+    target = tvm.target.Target(
+        {"kind": "llvm", "mcpu": "znver4", "mattr": ["-sse4a"], "num-cores": 2}
+    )
     batch = tvm.tirx.Var("batch", "int64")
     op, ref = CASES[name]
     mod = FastMath()(_module(op, (batch, 40, 96)))
@@ -166,7 +170,9 @@ def test_symbolic_row_length():
     vectors accumulates in SIMD registers (the rule declined such rows: a scalar loop, 10x
     slower in MPT exported with dynamic axes), and the result matches numpy where the body or
     the tail of the row is empty (lengths 5, 16 and 32) and where neither is (77)."""
-    target = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
+    target = tvm.target.Target(
+        {"kind": "llvm", "mcpu": "znver4", "mattr": ["-sse4a"], "num-cores": 2}
+    )
     batch, length = tvm.tirx.Var("batch", "int64"), tvm.tirx.Var("length", "int64")
     mod = FastMath()(_module(_softmax, (batch, 3, length)))
     (func,) = _kernels(mod, target)
@@ -185,7 +191,9 @@ def test_symbolic_rows_of_a_composite_length():
     ``//`` and ``%``, guarded the blocks with predicates, and vectorize refused them, so the
     rule declined (a scalar softmax, 5 GFLOP/s). Each block now goes under the innermost row
     loop."""
-    target = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
+    target = tvm.target.Target(
+        {"kind": "llvm", "mcpu": "znver4", "mattr": ["-sse4a"], "num-cores": 2}
+    )
     batch, w = tvm.tirx.Var("batch", "int64"), tvm.tirx.Var("w", "int64")
     frames = (w - 400) // 320 + 1
     bb = relax.BlockBuilder()
@@ -218,7 +226,9 @@ def test_single_row_norm_computes_its_sums_once():
     rule took the output's N elements for rows (normalize_prim_func drops unit axes) and
     recomputed the sums for each, 4 s a norm at N = 200704. Now each block is its own loop
     nest at the root, and the result matches numpy."""
-    target = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
+    target = tvm.target.Target(
+        {"kind": "llvm", "mcpu": "znver4", "mattr": ["-sse4a"], "num-cores": 2}
+    )
     mod = _module(_instance_norm, (1, 1, 4096))
     (func,) = _kernels(mod, target)
     with target:
@@ -248,7 +258,9 @@ def test_a_pad_after_the_norm_over_symbolic_rows_is_left_to_other_rules():
             normed = bb.emit(_layer_norm(x))
             out = bb.emit_output(bb.emit_te(topi.nn.pad, normed, [0, 0, 0], [0, extra, 0]))
         bb.emit_func_output(out)
-    target = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
+    target = tvm.target.Target(
+        {"kind": "llvm", "mcpu": "znver4", "mattr": ["-sse4a"], "num-cores": 2}
+    )
     (func,) = _kernels(bb.get(), target)
     with target:
         assert CPURowReduction().apply(func, target, False) is None

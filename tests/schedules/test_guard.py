@@ -11,7 +11,7 @@ from tvmamp.relay_passes.fast_math import FastMath
 from tvmamp.schedules.cpu.reduction import CPURowReduction
 from tvmamp.schedules.guard import Guarded
 
-TARGET = tvm.target.Target({"kind": "llvm", "mcpu": "znver4"})
+TARGET = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "mattr": ["-sse4a"]})
 
 
 def _fused(mod, name_part):

@@ -14,6 +14,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 import tvm
+from forced_cpus import forced
 from tvm import relax
 
 from tvmamp.pipeline import legalize_passes
@@ -63,7 +64,7 @@ NUMPY = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfl
 @pytest.mark.parametrize(("dtype", "out_dtype", "mcpu", "flag"), RULES)
 @pytest.mark.parametrize(("m", "k", "n"), [(300, 64, 32), (130, 40, 48)])
 def test_narrow_gemm_has_a_task_per_core(rng, dtype, out_dtype, mcpu, flag, m, k, n):
-    target = tvm.target.Target({"kind": "llvm", "mcpu": mcpu, "num-cores": CORES})
+    target = tvm.target.Target(forced(mcpu, CORES))
     with target:
         mod = tvm.transform.Sequential([*LEGALIZE, *cpu_schedule_passes(target)])(
             _gemm(m, k, n, dtype, out_dtype)
@@ -87,7 +88,9 @@ def test_padded_copy_of_a_runs_in_parallel(rng):
     """fp32 GEMM whose rows do not fill whole row tiles (ViT's 197 tokens): the padded copy of
     ``A`` was a serial, scalar root loop nest beside the parallel GEMM."""
     m, k, n = 197, 384, 1536
-    target = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": CORES})
+    target = tvm.target.Target(
+        {"kind": "llvm", "mcpu": "znver4", "mattr": ["-sse4a"], "num-cores": CORES}
+    )
     with target:
         mod = tvm.transform.Sequential([*LEGALIZE, *cpu_schedule_passes(target)])(
             _gemm(m, k, n, "float32", "float32")

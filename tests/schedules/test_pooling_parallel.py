@@ -23,7 +23,7 @@ from tvmamp.schedules.cpu import cpu_schedule_passes
 from tvmamp.targets.llvm import _host_flags
 
 CORES = 16
-TARGET = {"kind": "llvm", "mcpu": "znver4", "num-cores": CORES}
+TARGET = {"kind": "llvm", "mcpu": "znver4", "mattr": ["-sse4a"], "num-cores": CORES}
 
 
 def _max_pool_ref(x: np.ndarray, kernel: int, stride: int, pad: int) -> np.ndarray:

@@ -15,7 +15,7 @@ from tvmamp.schedules.cpu.prefetch import KEY, inject_prefetch
 from tvmamp.targets.llvm import _host_flags
 from tvmamp.targets.llvm_lowering import tir_pipeline
 
-TARGET = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 1})
+TARGET = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "mattr": ["-sse4a"], "num-cores": 1})
 
 
 # Strips j, passes i over each strip, steps k along it, rows r of the register tile.

@@ -18,7 +18,7 @@ from tvmamp.schedules.cpu import cpu_schedule_passes
 from tvmamp.schedules.cpu.bf16_common import PACK_PAIRS
 from tvmamp.targets.llvm import _host_flags
 
-TARGET = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
+TARGET = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "mattr": ["-sse4a"], "num-cores": 2})
 HELPER = "tvmamp_pack_pairs_2x32"
 
 

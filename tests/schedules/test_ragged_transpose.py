@@ -14,6 +14,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 import tvm
+from forced_cpus import forced, runs_here
 from tvm import relax, s_tir, te
 
 from tvmamp.pipeline import legalize_passes
@@ -26,7 +27,9 @@ TRANSPOSE_CALL = '"tvmamp_transpose_16x16_i'
 
 
 def target(cores: int) -> tvm.target.Target:
-    return tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": cores})
+    return tvm.target.Target(
+        {"kind": "llvm", "mcpu": "znver4", "mattr": ["-sse4a"], "num-cores": cores}
+    )
 
 
 def numpy_dtype(dtype: str):
@@ -259,18 +262,17 @@ def test_forced_cpu_kinds(kind, rng):
     """The register transposes on each CPU kind: LLVM IR, so every kind takes them (AVX-512
     kinds, AMX Intel and AMD, shuffle with vpermt2; AVX2 splits the 512-bit rows). Built for
     every kind, bitwise against numpy where the host can run the kind."""
-    from tvmamp.targets.cpu_features import cpu_level_features, host_cpu_features
+    from tvmamp.targets.cpu_features import cpu_level_features
 
-    forced = tvm.target.Target({"kind": "llvm", "mcpu": kind, "num-cores": 2})
+    target = tvm.target.Target(forced(kind, 2))
     a = te.placeholder((196, 48), "float32", name="a")
     b = te.compute((48, 196), lambda i, j: a[j, i].astype("bfloat16"), name="b")
-    sch = CPUElementwise().apply(te.create_prim_func([a, b]), forced, False)
+    sch = CPUElementwise().apply(te.create_prim_func([a, b]), target, False)
     assert TRANSPOSE_CALL in sch.mod.script()
-    lib = tvm.compile(sch.mod, target=forced)
+    lib = tvm.compile(sch.mod, target=target)
     avx512 = "avx512f" in cpu_level_features(kind)
     assert ("vpermt2" in lib.mod.inspect_source("asm")) is avx512
-    host = host_cpu_features()
-    if host is None or not set(cpu_level_features(kind)) <= host:
+    if not runs_here(target):
         pytest.skip(f"built for {kind}; the host CPU cannot run it")
     x = random_input(rng, (196, 48), "float32")
     out = tvm.runtime.tensor(np.zeros((48, 196), ml_dtypes.bfloat16))

@@ -30,7 +30,9 @@ NUMPY = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16}
 
 
 def _target(cores: int = CORES) -> tvm.target.Target:
-    return tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": cores})
+    return tvm.target.Target(
+        {"kind": "llvm", "mcpu": "znver4", "mattr": ["-sse4a"], "num-cores": cores}
+    )
 
 
 def _build(func: relax.Function, params: list[relax.Var], cores: int = CORES):

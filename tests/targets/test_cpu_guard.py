@@ -15,6 +15,7 @@ import textwrap
 import numpy as np
 import pytest
 import tvm
+from tvm import relax
 from tvm.script import ir as I
 from tvm.script import relax as R
 
@@ -28,6 +29,7 @@ from tvmamp.targets.cpu_features import (
     cpu_level_features,
     cpuinfo_vendor,
     host_cpu_features,
+    missing_cpu_features,
     suggest_cpu,
     target_cpu_features,
 )
@@ -116,6 +118,36 @@ def test_target_features_come_from_mcpu_and_mattr():
     with_512 = tvm.target.Target({**v3, "mattr": ["+avx512f"]})
     assert "avx512f" in target_cpu_features(with_512)
     assert target_cpu_features(tvm.target.Target({"kind": "llvm", "mcpu": "x86-64"})) == ()
+
+
+def _mask_any_reduction() -> tvm.IRModule:
+    """torch's safe softmax asks whether a row has any key left: ``max(int8(x != -inf))``."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((2, 4, 5, 7), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            kept = relax.op.not_equal(x, relax.const(float("-inf"), "float32"))
+            out = bb.emit_output(relax.op.max(relax.op.astype(kept, "int8"), -1, keepdims=True))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_amd_only_instructions_are_features_of_the_code():
+    """LLVM's znver models shuffle bytes with sse4a's ``insertq``, which no Intel CPU has: a
+    torch attention built for znver4 stopped an Emerald Rapids with SIGILL, past a guard that
+    did not list sse4a. It is a feature of such code now; ``-mattr=-sse4a`` leaves it out."""
+    znver4 = {"kind": "llvm", "mcpu": "znver4", "num-cores": 1}
+    portable = {**znver4, "mattr": ["-sse4a"]}
+    asm = {
+        "znver4": tvmamp.build(_mask_any_reduction(), "O0", znver4).get_source("asm"),
+        "portable": tvmamp.build(_mask_any_reduction(), "O0", portable).get_source("asm"),
+    }
+    assert "insertq" in asm["znver4"] and "insertq" not in asm["portable"]
+    intel = frozenset(cpu_level_features("sapphirerapids"))
+    assert missing_cpu_features(target_cpu_features(tvm.target.Target(znver4)), intel) == ("sse4a",)
+    assert missing_cpu_features(target_cpu_features(tvm.target.Target(portable)), intel) == ()
+    bulldozer = target_cpu_features(tvm.target.Target({"kind": "llvm", "mcpu": "bdver4"}))
+    assert {"sse4a", "xop", "fma4", "tbm"} <= set(bulldozer)
 
 
 def test_the_host_target_needs_nothing_the_host_lacks():

@@ -20,7 +20,7 @@ from tvmamp.targets.cpu_features import cpuinfo_flags
 from tvmamp.targets.llvm_lowering import DISABLE_LOWER_BUILTIN, stack_local_tiles
 
 # A bf16 GEMM kernel forced to the avx512_bf16 path; two cores make its outer loop parallel.
-ZNVER4 = "llvm -mcpu=znver4 -num-cores={cores}"
+ZNVER4 = "llvm -mcpu=znver4 -mattr=-sse4a -num-cores={cores}"
 
 
 def _alloc_annotations(func: tvm.tirx.PrimFunc) -> dict[str, dict]:

@@ -33,7 +33,9 @@ from tvmamp.tuning.tasks import Task, extract_tasks, split_budget
 
 # sapphirerapids: avx512_bf16 and AMX-BF16; znver4: avx512_bf16 only; skylake-avx512: neither.
 AMX = tvm.target.Target({"kind": "llvm", "mcpu": "sapphirerapids", "num-cores": 1})
-VDPBF16PS = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 1})
+VDPBF16PS = tvm.target.Target(
+    {"kind": "llvm", "mcpu": "znver4", "mattr": ["-sse4a"], "num-cores": 1}
+)
 NO_BF16 = {"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 1}
 
 
