@@ -178,9 +178,12 @@ def _schedule(
         reindex_a, reindex_b = sch.get_producers(main)
     auto_inline_producers(sch, reindex_a)
     auto_inline_producers(sch, reindex_b)
-    if not plan.pad_i:
+    widen_a = _widens_a(sch.get(main))
+    if not plan.pad_i and not widen_a:
         sch.compute_inline(reindex_a)
-    else:  # the padded copy of A is a root block: vectorise it, in parallel when large enough
+    else:  # the padded or widened copy of A is a root block: vectorised, parallel when large
+        if widen_a:
+            sch.unsafe_set_dtype(reindex_a, 0, "float32")
         work = math.prod(nominal(sch.get(loop).extent) for loop in sch.get_loops(reindex_a))
         schedule_injective(sch, reindex_a, vector_lanes(target), use_parallel(target, work))
     if not plan.pack_b:
@@ -199,6 +202,24 @@ def _schedule(
         sch.parallel(parallel)
     init = sch.decompose_reduction(main, k_outer)
     vectorize_tile(sch, init)
+
+
+def _widens_a(block: s_tir.SBlock) -> bool:
+    """Whether the gemm ``block`` multiplies a bf16 ``A`` into fp32: ``A`` is then copied to
+    fp32 once, before the register tiles.
+
+    Read in place, each of a tile's broadcasts of ``A`` was a scalar load, a shift and a
+    broadcast from a general register; the last two take the ports of Intel's FMAs. An fp32
+    copy is broadcast from memory (``vbroadcastss``, a load). On an Emerald Rapids core with AMX
+    off (one thread, BENCHMARKS.md, 2026-11-28) the GEMMs left to the FMAs ran 1024^3 at 71-73
+    GFLOP/s before and 80-90 after, 128 x 768 x 3072 at 66-68 and 83-85, and SimpleNet at O2 in
+    69-70 ms and 54-56. The copy costs one pass over ``A``; ``B``'s packed panels are fp32
+    already (TVM stores a bf16 buffer of the kernel's own as fp32).
+    """
+    return (
+        str(block.reads[0].source.dtype) == "bfloat16"
+        and str(block.writes[0].source.dtype) == "float32"
+    )
 
 
 def _pack_panels(sch: s_tir.Schedule, pack: SBlockRV, outer: LoopRV, tile_j: int) -> None:

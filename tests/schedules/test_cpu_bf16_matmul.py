@@ -314,6 +314,27 @@ def test_intel_without_amx_multiplies_gemms_of_many_rows_with_fp32_fma(
     assert _rel_err(out, a.astype("float64") @ b.astype("float64")) < 1e-5
 
 
+@pytest.mark.parametrize("target", [COOPERLAKE, NO_BF16], ids=["cooperlake", "skylake"])
+def test_fma_gemms_broadcast_a_widened_copy_of_a(rng, target):
+    """The FMA GEMM read each bf16 ``A`` value with a shift and a broadcast from a general
+    register, on the ports of Intel's FMAs (Emerald Rapids, AMX off: 1024^3 at 71-73 GFLOP/s,
+    80-90 from an fp32 copy). ``A`` is copied to fp32 once and broadcast from memory."""
+    m, k, n = 64, 96, 80  # whole row tiles: no padded copy of A would be made
+    a, b = _bf16(rng, (m, k)), _bf16(rng, (k, n))
+    mod, exe = _compile(_gemm(m, k, n), target)
+    (kernel,) = [f for _, f in mod.functions_items() if isinstance(f, tirx.PrimFunc)]
+    copy = r"x_reindex = T.sblock_alloc_buffer\(\(T.int64\(1\), T.int64\(64\), T.int64\(96\)\)\)"
+    assert re.search(copy, kernel.script())  # no dtype: float32
+    asm = _asm(exe)
+    assert "vfmadd" in asm and not re.search(r"vpbroadcastd\s+%e\w+, %zmm", asm)
+    if target is COOPERLAKE:
+        _needs_host("avx512_bf16")
+    else:
+        _needs_host("avx512f")
+    out = relax.VirtualMachine(exe, tvm.cpu())["main"](*map(tvm.runtime.tensor, (a, b))).numpy()
+    assert _rel_err(out, a.astype("float64") @ b.astype("float64")) < 1e-5
+
+
 def test_tuning_searches_no_vdpbf16ps_space_for_a_gemm_left_to_fma():
     from tvmamp.schedules.cpu.bf16_tuning import is_bf16_gemm
 
