@@ -59,7 +59,9 @@ def _check_bf16(model, shape, rng, tol):
     """Import without shape_dict, build at O2 in bf16 for Zen4/5, and match onnxruntime at
     ``shape`` within ``tol`` of the largest output."""
     mod, params = tvmamp.from_onnx(model)
-    target = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 1})
+    target = tvm.target.Target(
+        {"kind": "llvm", "mcpu": "znver4", "mattr": ["-sse4a"], "num-cores": 1}
+    )
     exe = tvmamp.build(mod, "O2", target, "bfloat16", params=params)
     x = rng.uniform(0.5, 1.5, shape).astype(np.float32)
     ref = run_ort(model, x=x)
