@@ -141,21 +141,6 @@ def test_dropout_in_training_mode_is_refused():
         tvmamp.from_onnx(model)
 
 
-def test_attention_with_a_present_cache_is_refused(rng):
-    """TVM returned a scalar 0 for com.microsoft Attention's present key/value output."""
-    node = h.make_node(
-        "Attention", ["x", "w", "b"], ["y", "present"], domain="com.microsoft", num_heads=2
-    )
-    inits = [
-        nh.from_array(rng.standard_normal((8, 24)).astype("float32"), "w"),
-        nh.from_array(rng.standard_normal(24).astype("float32"), "b"),
-    ]
-    outputs = [_value("y", FLOAT, (2, 5, 8)), _value("present", FLOAT, (2, 2, 2, 5, 4))]
-    model = _model(node, [_value("x", FLOAT, (2, 5, 8))], outputs, inits, ms=True)
-    with pytest.raises(UnsupportedOperatorError, match="present .key/value cache. output"):
-        tvmamp.from_onnx(model)
-
-
 def test_4_bit_tensors_are_refused_by_name():
     """TVM reads INT4 initializers one value a byte: "TensorCopyFromBytes: size mismatch"."""
     weights = h.make_tensor("wq", TensorProto.INT4, (4, 8), np.ones(32, "int8").tolist())

@@ -21,14 +21,17 @@ converter for: its RMSNorms (``SimplifiedLayerNormalization``,
 ``SkipSimplifiedLayerNormalization``: ``relax.op.nn.rms_norm``, T5 and LLaMA files) and
 ``QuickGelu`` (``x * sigmoid(alpha * x)``, CLIP); :data:`ADDED_OPS` converts them. Its
 fused ``Attention`` and ``EmbedLayerNormalization``, the default output of its BERT optimiser,
-are converted here too: TVM's converters take static shapes only and few mask forms. All are
+are converted here too: TVM's converters take static shapes only and few mask forms, and no
+key/value cache (the ``past`` and ``present`` of its GPT-2 decoders). All are
 installed with the symbolic overrides (:func:`tvmamp.frontends.onnx_symbolic.
 symbolic_converters`).
 """
 
 from __future__ import annotations
 
+import numpy as np
 import tvm
+import tvm_ffi
 from tvm import relax
 from tvm.sym import Analyzer
 
@@ -157,49 +160,146 @@ def _skip_simplified_layer_norm(bb, inputs, attr, params, fallback):
 
 
 def _attention(bb, inputs, attr, params, fallback):
-    """onnxruntime's fused ``Attention`` (its BERT optimiser's default output): the QKV
+    """onnxruntime's fused ``Attention`` (its BERT and GPT-2 optimisers' output): the QKV
     projection, the heads, and ``relax.nn.attention`` over a mask of any of the forms the
-    optimiser writes (TVM's converter took a 2-D or 3-D mask with an attention bias only, and
-    static shapes only: a 1-D ``mask_index`` of sequence ends failed with "mask index should
-    be in shape of (batch_size, seq_len)", a raw 2-D mask alone with "The bias should have 4
-    dimensions"). A past cache, rotary embeddings or a 4-D or ``(2 * batch,)`` mask is left
-    to TVM's converter, which refuses them."""
+    optimisers write, causal or not, with the key/value cache of its GPT-2 decoders (TVM's
+    converter took a 2-D or 3-D mask with an attention bias only, static shapes only, and no
+    cache: a 1-D ``mask_index`` of sequence ends failed with "mask index should be in shape of
+    (batch_size, seq_len)", a raw 2-D mask alone with "The bias should have 4 dimensions", and
+    the ``present`` output was a scalar 0). ``past`` ``(2, batch, heads, past, head_size)``
+    holds the keys and values of the earlier positions; ``present`` is it with the new ones
+    appended, and the queries see all of them (the causal mask shifted by ``past``).
+
+    Rotary embeddings, a shared past/present buffer, and a 4-D or ``(2 * batch,)`` mask are
+    left to TVM's converter, which refuses them: every None returned here is an error there,
+    never its placeholder ``present``."""
     if "do_rotary" in attr or "past_present_share_buffer" in attr:
         return None
     data, weight, bias, mask, past, attention_bias, past_length = _optional(inputs, 7)
-    dims = getattr(data.ty, "shape", None)
-    if past is not None or past_length is not None or not isinstance(dims, relax.ShapeExpr):
+    dims, sizes = (getattr(x.ty, "shape", None) for x in (data, weight))
+    if past_length is not None or not all(isinstance(d, relax.ShapeExpr) for d in (dims, sizes)):
         return None
     batch, seq, _ = dims.values
     heads = int(attr["num_heads"])
-    sizes = getattr(weight.ty, "shape", None)
-    if not isinstance(sizes, relax.ShapeExpr):
-        return None
     hidden, hidden_v = _qkv_sizes(attr, int(sizes.values[1]))
-    if hidden % heads or hidden_v % heads:
+    earlier = _past_length(past, hidden, hidden_v)
+    if hidden % heads or hidden_v % heads or earlier is None or not _mask_handled(mask, batch):
         return None
-    causal = "TopLeft" if int(attr.get("unidirectional", 0)) else None
-    if causal is not None and not all(isinstance(d, tvm.tirx.IntImm) for d in (batch, seq)):
+    q, k, v = _heads(bb, data, weight, bias, (hidden, hidden_v), heads)
+    k, v, present = _with_cache(bb, past, k, v) if hidden == hidden_v else (k, v, None)
+    total = Analyzer().simplify(seq + earlier)
+    k, v = (_match_dim(bb, x, 1, total, exact=True) for x in (k, v))
+    static = all(isinstance(d, tvm.tirx.IntImm) for d in (batch, seq, total))
+    causal = bool(int(attr.get("unidirectional", 0)))
+    masks, lengths = (mask, attention_bias), (batch, seq, total)
+    scores_bias = _scores_bias(bb, attr, masks, lengths, causal and not static)
+    scale = float(attr["scale"]) if "scale" in attr else None
+    # static lengths: a constant mask; the last query is the last key (sees past + i keys)
+    mask_kind = ("TopLeft" if past is None else "BottomRight") if causal and static else None
+    out = relax.op.nn.attention(q, k, v, scores_bias, scale=scale, causal_mask=mask_kind)
+    out = relax.op.reshape(out, [batch, seq, hidden_v])
+    return out if present is None else relax.Tuple([out, present])
+
+
+def _past_length(past, hidden: int, hidden_v: int):
+    """The number of cached positions in ``past`` (0 without one), or None for a cache of
+    unknown shape or beside keys and values of different sizes."""
+    if past is None:
+        return tvm.tirx.IntImm("int64", 0)
+    dims = getattr(past.ty, "shape", None)
+    if not isinstance(dims, relax.ShapeExpr) or len(dims.values) != 5 or hidden != hidden_v:
         return None
-    scores_bias = _mask_bias(mask, batch, seq, float(attr.get("mask_filter_value", -10000.0)))
-    if mask is not None and scores_bias is None:
-        return None
-    if attention_bias is not None:  # in the model's dtype (fp16 after onnxruntime's converter)
-        attention_bias = relax.op.astype(attention_bias, "float32")
-        scores_bias = attention_bias if scores_bias is None else scores_bias + attention_bias
+    return dims.values[3]
+
+
+def _mask_handled(mask, batch) -> bool:
+    """Whether ``mask`` is absent or of a form :func:`_mask_bias` reads: 1-D of ``batch``
+    sequence ends (not ``(2 * batch,)``: ends and starts), 2-D or 3-D of ones and zeros."""
+    dims = getattr(mask.ty, "shape", None) if mask is not None else None
+    if mask is None or not isinstance(dims, relax.ShapeExpr):
+        return mask is None
+    rank = len(dims.values)
+    return rank in (2, 3) or rank == 1 and Analyzer().can_prove_equal(dims.values[0], batch)
+
+
+def _heads(bb, data, weight, bias, sizes: tuple[int, int], heads: int):
+    """Q, K and V of ``data`` projected by ``weight`` (and ``bias``), each
+    ``(batch, seq, heads, head_size)``."""
+    batch, seq, _ = data.ty.shape.values
+    hidden, hidden_v = sizes
     qkv = relax.op.matmul(data, weight)
     if bias is not None:
         qkv = relax.op.add(qkv, bias)
     qkv = bb.normalize(qkv)
-    q, k, v = (
-        bb.normalize(relax.op.strided_slice(qkv, [2], [start], [end]))
-        for start, end in ((0, hidden), (hidden, 2 * hidden), (2 * hidden, 2 * hidden + hidden_v))
-    )
+    bounds = ((0, hidden), (hidden, 2 * hidden), (2 * hidden, 2 * hidden + hidden_v))
+    q, k, v = (bb.normalize(relax.op.strided_slice(qkv, [2], [b], [e])) for b, e in bounds)
     q, k = (relax.op.reshape(x, [batch, seq, heads, hidden // heads]) for x in (q, k))
-    v = relax.op.reshape(v, [batch, seq, heads, hidden_v // heads])
-    scale = float(attr["scale"]) if "scale" in attr else None
-    out = relax.op.nn.attention(q, k, v, scores_bias, scale=scale, causal_mask=causal)
-    return relax.op.reshape(out, [batch, seq, hidden_v])
+    return q, k, relax.op.reshape(v, [batch, seq, heads, hidden_v // heads])
+
+
+def _with_cache(bb, past, k, v):
+    """The keys and values of the cached and the new positions, each ``(batch, past + seq,
+    heads, head_size)``, and the ``present`` cache ``(2, batch, heads, past + seq,
+    head_size)``: ``past`` followed by the new keys and values ``k``, ``v`` (``(batch, seq,
+    heads, head_size)``). Without ``past``, ``k``, ``v`` and their ``present``.
+
+    The attention's keys are concatenated anew rather than read back from ``present``: TVM's
+    RewriteDataflowReshape failed on a transpose of ``present`` alone ("The padding factor
+    ... is not divisible", a transpose of a static batch and ``past + 6`` positions). It
+    still fails where the batch is static and the number of keys a sum of a symbolic and a
+    static length (``seq`` static above 1, or ``past`` static): a TVM bug."""
+    new = relax.op.stack([relax.op.permute_dims(x, [0, 2, 1, 3]) for x in (k, v)], axis=0)
+    if past is None:
+        return k, v, new  # present: emitted only where the graph reads it
+    present = relax.op.concat([past, new], axis=3)
+    cached = [relax.op.strided_slice(past, [0], [i], [i + 1]) for i in (0, 1)]
+    cached = [relax.op.permute_dims(relax.op.squeeze(x, [0]), [0, 2, 1, 3]) for x in cached]
+    k, v = (bb.normalize(relax.op.concat([c, x], axis=1)) for c, x in zip(cached, (k, v)))
+    return k, v, present
+
+
+def _match_dim(bb, value, axis: int, dim, exact: bool = False):
+    """``value`` whose dim ``axis`` is ``dim``, ``match_cast`` (checked at run time) where TVM
+    cannot prove it is, or (``exact``) where it is written otherwise: FuseTIR matches shapes
+    term by term, and failed on keys of ``6 + seq`` (a concat's) beside scores of ``seq + 6``
+    ("Parameter expression T.int64(6) expected an integer argument with value 6")."""
+    value = bb.normalize(value)
+    dims = list(value.ty.shape.values)
+    same = tvm_ffi.structural_equal if exact else Analyzer().can_prove_equal
+    if same(dims[axis], dim):
+        return value
+    dims[axis] = dim
+    return bb.match_cast(value, relax.TensorType(dims, value.ty.dtype))
+
+
+def _scores_bias(bb, attr, masks, lengths, symbolic_causal: bool):
+    """The fp32 bias added to the scores ``(batch, heads, seq, total)``: that of the mask (as
+    :func:`_mask_bias`) and of the causal mask over symbolic lengths (:func:`_causal_bias`),
+    and the ``attention_bias`` input, summed; None for none."""
+    mask, attention_bias = masks
+    _, seq, total = lengths
+    filter_value = float(attr.get("mask_filter_value", -10000.0))
+    bias = None if mask is None else _mask_bias(bb, mask, lengths, filter_value)
+    if symbolic_causal:
+        bias = _added(bias, _causal_bias(seq, total))
+    if attention_bias is not None:  # in the model's dtype (fp16 after onnxruntime's converter)
+        bias = _added(bias, relax.op.astype(attention_bias, "float32"))
+    return bias
+
+
+def _added(total, term):
+    return term if total is None else relax.op.add(total, term)
+
+
+def _causal_bias(seq, total):
+    """``(1, 1, seq, total)``: 0 where query ``i`` may see key ``j`` (``j <= total - seq +
+    i``), -inf elsewhere (onnxruntime sets the lowest float there: no weight either way)."""
+    first = Analyzer().simplify(total - seq)  # past: (seq + 6) - seq failed at run time
+    queries = relax.op.reshape(relax.op.arange(first, total, dtype="int64"), [seq, 1])
+    keys = relax.op.reshape(relax.op.arange(0, total, dtype="int64"), [1, total])
+    visible = relax.op.less_equal(keys, queries)
+    hidden = relax.op.where(visible, relax.const(0.0, "float32"), relax.const(-np.inf, "float32"))
+    return relax.op.reshape(hidden, [1, 1, seq, total])
 
 
 def _embed_layer_norm(bb, inputs, attr, params, fallback):
@@ -239,24 +339,20 @@ def _qkv_sizes(attr, total: int) -> tuple[int, int]:
     return total // 3, total // 3
 
 
-def _mask_bias(mask, batch, seq, filter_value: float):
-    """The fp32 scores bias ``(1 - visible) * filter_value`` of an ``Attention`` mask, shaped
-    ``(batch, 1, 1 or seq, seq)``: a 1-D mask holds each sequence's end, a 2-D or 3-D one
-    is 1 where a key is visible. None for another form (or no mask)."""
-    if mask is None:
-        return None
-    rank = len(mask.ty.shape.values) if isinstance(mask.ty.shape, relax.ShapeExpr) else None
+def _mask_bias(bb, mask, lengths, filter_value: float):
+    """The fp32 scores bias ``(1 - visible) * filter_value`` of an ``Attention`` mask over
+    ``total`` keys (the cached ones first), shaped ``(batch, 1, 1 or seq, total)``: a 1-D mask
+    holds each sequence's end, a 2-D or 3-D one is 1 where a key is visible
+    (:func:`_mask_handled`)."""
+    batch, seq, total = lengths
+    rank = len(mask.ty.shape.values)
     if rank == 1:
-        if not Analyzer().can_prove_equal(mask.ty.shape.values[0], batch):
-            return None  # (2 * batch,): ends and starts, left to TVM's converter (refused)
-        keys = relax.op.arange(0, seq, dtype=_dtype(mask))
-        visible = relax.op.less(relax.op.reshape(keys, [1, seq]), relax.op.reshape(mask, [-1, 1]))
-    elif rank in (2, 3):
-        visible = mask
-    else:
-        return None
+        keys = relax.op.arange(0, total, dtype=_dtype(mask))
+        visible = relax.op.less(relax.op.reshape(keys, [1, total]), relax.op.reshape(mask, [-1, 1]))
+    else:  # the model's name for the keys' count (total_seq) is past + seq
+        visible = _match_dim(bb, mask, rank - 1, total)
     hidden = relax.op.subtract(relax.const(1.0, "float32"), relax.op.astype(visible, "float32"))
-    shape = [batch, 1, 1, seq] if rank in (1, 2) else [batch, 1, seq, seq]
+    shape = [batch, 1, 1, total] if rank in (1, 2) else [batch, 1, seq, total]
     return relax.op.reshape(relax.op.multiply(hidden, relax.const(filter_value, "float32")), shape)
 
 
