@@ -188,7 +188,7 @@ def _attention(bb, inputs, attr, params, fallback):
     q, k, v = _heads(bb, data, weight, bias, (hidden, hidden_v), heads)
     k, v, present = _with_cache(bb, past, k, v) if hidden == hidden_v else (k, v, None)
     total = Analyzer().simplify(seq + earlier)
-    k, v = (_match_dim(bb, x, 1, total, exact=True) for x in (k, v))
+    k, v = (_match_dim(bb, x, 1, total) for x in (k, v))
     static = all(isinstance(d, tvm.tirx.IntImm) for d in (batch, seq, total))
     causal = bool(int(attr.get("unidirectional", 0)))
     masks, lengths = (mask, attention_bias), (batch, seq, total)
@@ -258,17 +258,21 @@ def _with_cache(bb, past, k, v):
     return k, v, present
 
 
-def _match_dim(bb, value, axis: int, dim, exact: bool = False):
-    """``value`` whose dim ``axis`` is ``dim``, ``match_cast`` (checked at run time) where TVM
-    cannot prove it is, or (``exact``) where it is written otherwise: FuseTIR matches shapes
-    term by term, and failed on keys of ``6 + seq`` (a concat's) beside scores of ``seq + 6``
-    ("Parameter expression T.int64(6) expected an integer argument with value 6")."""
+def _match_dim(bb, value, axis: int, dim):
+    """``value`` whose dim ``axis`` is written ``dim``: a reshape where TVM proves them equal
+    but they are written otherwise, a ``match_cast`` (checked at run time) where it cannot.
+    FuseTIR matches shapes term by term: keys of ``6 + seq`` (a concat's) beside scores of
+    ``seq + 6`` failed it ("Parameter expression T.int64(6) expected an integer argument with
+    value 6"). A reshape to the same shape is a view, and keeps the value's dtype at O1-O3 (a
+    match_cast to float32 made a bf16 value fp32 again)."""
     value = bb.normalize(value)
     dims = list(value.ty.shape.values)
-    same = tvm_ffi.structural_equal if exact else Analyzer().can_prove_equal
-    if same(dims[axis], dim):
+    if tvm_ffi.structural_equal(dims[axis], dim):
         return value
+    proven = Analyzer().can_prove_equal(dims[axis], dim)
     dims[axis] = dim
+    if proven:
+        return relax.op.reshape(value, dims)
     return bb.match_cast(value, relax.TensorType(dims, value.ty.dtype))
 
 
