@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 import tvm
 from tvm import relax
 
-from tvmamp.policy import Policy, check_dtype, check_level
+from tvmamp.policy import LOW_DTYPES, Policy, check_dtype, check_level
 from tvmamp.relay_passes import AutoMixedPrecision
 from tvmamp.relay_passes.fold_batch_norm import FoldBatchNorm
 from tvmamp.relay_passes.layer_norm import FuseLayerNorm
@@ -90,7 +90,8 @@ def target_policy(
     Parameters
     ----------
     level, dtype, target
-        As for :func:`tvmamp.build`; ``dtype=None`` is the target's default low dtype.
+        As for :func:`tvmamp.build`; ``dtype=None`` is the target's default low dtype, and so
+        is ``"float32"`` at O0 (it converts nothing; other levels refuse it).
     component : str
         The component named in error messages.
     check_hardware : bool
@@ -106,6 +107,13 @@ def target_policy(
     entry : tvmamp.targets.TargetEntry
     """
     check_level(level, component)
+    if dtype == "float32":  # "no low dtype": O0 converts nothing, any other level needs one
+        if level != "O0":
+            raise ValueError(
+                f"{component}: dtype 'float32' is only meaningful at level O0, which converts "
+                f"nothing; at {level} the dtype is one of {', '.join(LOW_DTYPES)}"
+            )
+        dtype = None
     tvm_target, entry = resolve_target(target)
     dtype = check_dtype(dtype or entry.default_dtype(tvm_target), component)
     if check_hardware and level != "O0":

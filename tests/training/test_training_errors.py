@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 from tvm import relax
 
+import tvmamp
 from tvmamp import models
 from tvmamp.training import SGD, Adam, DynamicLossScale, Trainer
 
@@ -41,6 +42,8 @@ def test_unknown_preset_lists_the_choices():
         ({"model": object()}, TypeError, "must be a tvm.IRModule, a relax.Function or"),
         # was "got multiple values for keyword argument 'keep_io_types'"
         ({"keep_io_types": False}, ValueError, "keep_io_types cannot be set"),
+        # was "dtype 'float32' is not one of float16, bfloat16", at O0 as well
+        ({"level": "O1", "dtype": "float32"}, ValueError, "'float32' is only meaningful at .*O0"),
     ],
 )
 def test_bad_options(model, kwargs, error, match):
@@ -114,3 +117,28 @@ def test_numpy_scalars_are_accepted_and_bool_nan_inf_refused():
     for bad in (np.float32("nan"), np.inf):
         with pytest.raises(ValueError, match=r"SGD lr=.* is out of range \(0.0, inf\)"):
             SGD(bad)
+
+
+def test_float32_at_o0_trains_as_the_default_o0(model, rng):
+    """O0 converts nothing, so dtype="float32" is accepted there and changes nothing."""
+    mod, params = model
+    fp32 = Trainer(mod, level="O0", dtype="float32", params=params)
+    default = Trainer(mod, level="O0", params=params)
+    assert fp32.dtype == "float32"
+    x = rng.standard_normal((2, 4)).astype("float32")
+    y = rng.standard_normal((2, 4)).astype("float32")
+    for _ in range(3):
+        np.testing.assert_allclose(fp32.step(x, y), default.step(x, y), rtol=1e-6)
+    for name, value in fp32.params.items():
+        np.testing.assert_allclose(value, default.params[name], rtol=1e-6, atol=1e-7)
+
+
+def test_build_and_convert_take_float32_at_o0_only(model):
+    """The Trainer's dtype check is tvmamp.convert's (tvmamp/conversion.py)."""
+    mod, params = model
+    converted = tvmamp.convert(mod, "O0", dtype="float32", params=params)
+    assert converted.report.casts_inserted == 0
+    with pytest.raises(ValueError, match=r"'float32' is only meaningful at level O0.*at O2"):
+        tvmamp.build(mod, "O2", dtype="float32", params=params)
+    with pytest.raises(ValueError, match="dtype 'fp16' is not one of float16, bfloat16"):
+        tvmamp.convert(mod, "O0", dtype="fp16")

@@ -45,7 +45,7 @@ class Trainer:
     level : str
         AMP level of the forward and backward graph ("O0" trains in fp32).
     dtype, target :
-        As in :func:`tvmamp.build`.
+        As in :func:`tvmamp.build`; ``dtype="float32"`` is accepted at O0 (then ``.dtype``).
     scaler : tvmamp.loss_scale.LossScale, optional
         By default dynamic scaling (Paddle defaults) for fp16 and none otherwise.
     seed : int
@@ -98,7 +98,9 @@ class Trainer:
         converted = convert_adjoint(
             scaled_adjoint(self.model, loss_fn), level, target, dtype, amp_options
         )
-        self.level, self.dtype, self.report = level, converted.policy.low_dtype, converted.report
+        # O0 trains in fp32 whatever the policy's (unused) low dtype.
+        self.dtype = "float32" if level == "O0" else converted.policy.low_dtype
+        self.level, self.report = level, converted.report
         self.scaler = scaler if scaler is not None else default_scaler(level, self.dtype)
         steps = StepBuilder(converted.mod, self.model, loss_fn.params[1].ty, self.scaler, optimizer)
         steps.add_grads()
