@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 from tvm import relax
+from tvm.relax.frontend import nn
 
 import tvmamp
 from tvmamp import models
@@ -142,3 +143,41 @@ def test_build_and_convert_take_float32_at_o0_only(model):
         tvmamp.build(mod, "O2", dtype="float32", params=params)
     with pytest.raises(ValueError, match="dtype 'fp16' is not one of float16, bfloat16"):
         tvmamp.convert(mod, "O0", dtype="fp16")
+
+
+class _MLP(nn.Module):
+    def __init__(self):
+        self.fc1 = nn.Linear(4, 8)
+        self.fc2 = nn.Linear(8, 2)
+
+    def forward(self, x):
+        return self.fc2(nn.relu(self.fc1(x)))
+
+
+@pytest.mark.parametrize(
+    "spec, error, match",
+    [
+        # was "MLP.forward() missing 1 required positional argument: 'x'"
+        (
+            {"inp": nn.spec.Tensor((2, 4), "float32")},
+            ValueError,
+            r"input_spec names 'inp', but _MLP.forward takes \(x\): 'inp' is not an argument "
+            "of forward; forward's argument 'x' has no spec",
+        ),
+        (
+            {"x": nn.spec.Tensor((2, 4), "float32"), "y": nn.spec.Tensor((2, 4), "float32")},
+            ValueError,
+            "'y' is not an argument of forward",
+        ),
+        # was "Binary operators must have the same datatype for both operands..."
+        (
+            {"x": nn.spec.Tensor((2, 4), "float16")},
+            TypeError,
+            r"input_spec\['x'\] is float16; give float32 inputs",
+        ),
+        ({"x": (2, 4)}, TypeError, r"input_spec\['x'\] must be nn.spec.Tensor"),
+    ],
+)
+def test_input_spec_names_forward_arguments_and_float32_tensors(spec, error, match):
+    with pytest.raises(error, match=match):
+        Trainer(_MLP(), "mse", input_spec=spec)

@@ -11,6 +11,8 @@ from tvm import relax
 
 from tvmamp.tensors import static_shape
 
+from .spec import export_forward
+
 
 @dataclasses.dataclass(frozen=True)
 class ForwardModel:
@@ -59,14 +61,9 @@ def load_forward(mod, input_spec=None) -> ForwardModel:
     from tvm.relax.frontend import nn
 
     if isinstance(mod, nn.Module):
-        if not isinstance(input_spec, dict) or not input_spec:
-            raise TypeError(
-                "tvmamp.training: an nn.Module needs input_spec={'x': nn.spec.Tensor(shape, "
-                "dtype), ...} naming the inputs of its forward"
-            )
         shared = _shared_names(mod)
-        mod, _ = mod.export_tvm(spec={"forward": input_spec})
-        return dataclasses.replace(_checked(mod["forward"]), shared=shared)
+        exported = export_forward(mod, input_spec)
+        return dataclasses.replace(_checked(exported["forward"]), shared=shared)
     if isinstance(mod, tvm.IRModule):
         names = [gv.name_hint for gv in mod.get_global_vars()]
         if "main" not in names:

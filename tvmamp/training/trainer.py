@@ -59,7 +59,8 @@ class Trainer:
     accumulate_steps : int
         Update every k-th step with the sum of k steps' unscaled gradients.
     input_spec : dict, optional
-        For an nn.Module: ``{"x": nn.spec.Tensor(shape, dtype)}``.
+        For an nn.Module: ``{"x": nn.spec.Tensor(shape, dtype)}``, one per argument of its
+        forward; float inputs are float32.
     **amp_options
         ``custom_white_list``, ``custom_black_list``, ``custom_fp32_nodes``, ... of
         :func:`tvmamp.convert`.
