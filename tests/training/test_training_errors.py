@@ -23,8 +23,11 @@ def test_unknown_loss_lists_the_choices(model):
 def test_unknown_optimizer_lists_the_choices(model):
     with pytest.raises(ValueError, match="optimizer 'lamb' is not one of sgd, momentum, adam"):
         Trainer(model[0], optimizer="lamb")
-    with pytest.raises(TypeError, match="optimizer must be tvmamp.training.SGD"):
+    with pytest.raises(TypeError, match="optimizer must be tvmamp.training.SGD.*got 0.1"):
         Trainer(model[0], optimizer=0.1)
+    # was "..., got type" for a class
+    with pytest.raises(TypeError, match="got <class 'tvmamp.training.optimizers.SGD'>"):
+        Trainer(model[0], optimizer=SGD)
 
 
 def test_unknown_preset_lists_the_choices():
@@ -45,6 +48,9 @@ def test_unknown_preset_lists_the_choices():
         ({"keep_io_types": False}, ValueError, "keep_io_types cannot be set"),
         # was "dtype 'float32' is not one of float16, bfloat16", at O0 as well
         ({"level": "O1", "dtype": "float32"}, ValueError, "'float32' is only meaningful at .*O0"),
+        # was "convert() got an unexpected keyword argument 'bogus_option'"
+        ({"bogus_option": 1}, TypeError, "unknown option 'bogus_option'; it takes loss, "),
+        ({"custom_white": ["exp"]}, TypeError, "did you mean custom_white_list"),
     ],
 )
 def test_bad_options(model, kwargs, error, match):

@@ -8,6 +8,8 @@ forward and backward ops only; the optimizer update stays fp32 (master weights).
 
 from __future__ import annotations
 
+import inspect
+
 import tvm
 from tvm import relax
 from tvm.relax import PyExprMutator
@@ -21,6 +23,14 @@ from .model import ForwardModel
 # AMP policy keeps them fp32 (free for scalars), so a scale such as 65536 never meets fp16 as a
 # scalar (65536 > 65504 would be inf); it reaches the low dtype divided by the element count.
 SCALE_NODES = ("amp_*",)
+
+# The keyword options of tvmamp.convert a Trainer passes on: it gives the model, level, target,
+# dtype and params itself, and keep_io_types is always True (see ``convert_adjoint``).
+AMP_OPTIONS = tuple(
+    name
+    for name in inspect.signature(convert).parameters
+    if name not in ("mod", "level", "target", "dtype", "params", "keep_io_types")
+)
 
 
 def scaled_adjoint(model: ForwardModel, loss_fn: relax.Function) -> relax.Function:

@@ -121,5 +121,5 @@ def resolve_optimizer(optimizer) -> SGD | Adam:
         return OPTIMIZERS[optimizer.lower()]()
     raise TypeError(
         "tvmamp.training: optimizer must be tvmamp.training.SGD(...), Adam(...) or one of "
-        f"{', '.join(OPTIMIZERS)}, got {type(optimizer).__name__}"
+        f"{', '.join(OPTIMIZERS)}, got {optimizer!r:.100}"
     )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import logging
 
 import numpy as np
@@ -14,7 +16,7 @@ from tvmamp.messages import last_line
 from tvmamp.pipeline import compile_converted
 from tvmamp.tensors import check_array
 
-from .graph import convert_adjoint, scaled_adjoint
+from .graph import AMP_OPTIONS, convert_adjoint, scaled_adjoint
 from .losses import check_labels, loss_function
 from .model import initial_params, load_forward, untrained_params
 from .optimizers import SGD, resolve_optimizer
@@ -63,7 +65,7 @@ class Trainer:
         forward; float inputs are float32.
     **amp_options
         ``custom_white_list``, ``custom_black_list``, ``custom_fp32_nodes``, ... of
-        :func:`tvmamp.convert`.
+        :func:`tvmamp.convert` (``graph.AMP_OPTIONS``); another keyword is a TypeError.
     """
 
     def __init__(
@@ -82,6 +84,7 @@ class Trainer:
         input_spec: dict | None = None,
         **amp_options,
     ):
+        _check_options(amp_options)
         self.model = load_forward(mod, input_spec)
         self.accumulate_steps = _check_accumulate(accumulate_steps)
         optimizer = resolve_optimizer(SGD() if optimizer is None else optimizer)
@@ -258,3 +261,18 @@ def _check_accumulate(steps) -> int:
     if steps < 1:
         raise ValueError(f"tvmamp.training: accumulate_steps must be >= 1, got {steps}")
     return steps
+
+
+def _check_options(options: dict) -> None:
+    """Refuse a keyword that is neither an argument of Trainer nor an AMP option."""
+    unknown = sorted(set(options) - set(AMP_OPTIONS) - {"keep_io_types"})
+    if not unknown:
+        return
+    own = [p for p in inspect.signature(Trainer).parameters if p not in ("mod", "amp_options")]
+    close = difflib.get_close_matches(unknown[0], [*own, *AMP_OPTIONS], n=3)
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    raise TypeError(
+        f"tvmamp.training: Trainer got the unknown option{'s' * (len(unknown) > 1)} "
+        f"{', '.join(map(repr, unknown))}; it takes {', '.join(own)} and the AMP options "
+        f"{', '.join(AMP_OPTIONS)}{hint}"
+    )
