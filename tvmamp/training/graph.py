@@ -38,19 +38,14 @@ def scaled_adjoint(model: ForwardModel, loss_fn: relax.Function) -> relax.Functi
 
     The gradients are those of ``loss * amp_loss_scale`` with respect to the params.
     """
-    mod = tvm.IRModule({"main": model.func.with_attr("global_symbol", "main")})
-    try:
-        mod = relax.training.AppendLoss("main", loss_fn, 1, "loss")(mod)
-    except (RuntimeError, ValueError, TypeError) as err:  # what TVM raises
-        raise ValueError(f"tvmamp.training: cannot append the loss to the model: {err}") from None
-    loss_func = mod["loss"]
+    bindings, targets, loss = _appended_loss(model, loss_fn)
     scale = relax.Var("amp_loss_scale", relax.TensorType((), "float32"))
     bb = relax.BlockBuilder()
-    with bb.function("scaled_loss", [*loss_func.params, scale]):
+    with bb.function("scaled_loss", [*model.func.params, targets, scale]):
         with bb.dataflow():
-            for binding in _bindings(loss_func):
+            for binding in bindings:
                 bb.emit_normalized(binding)
-            loss = _as_f32(bb, loss_func.body.body)
+            loss = _as_f32(bb, loss)
             scaled = bb.emit_output(relax.op.multiply(loss, scale), name_hint="amp_scaled_loss")
         bb.emit_func_output(relax.Tuple([scaled, loss]))
     grad_vars = bb.get()["scaled_loss"].params[
@@ -73,6 +68,23 @@ def scaled_adjoint(model: ForwardModel, loss_fn: relax.Function) -> relax.Functi
             f"gradients, or train the model in its framework ({err})"
         ) from None
     return _ScalarNamer().visit_expr(_flat_outputs(mod["scaled_loss_adjoint"]))
+
+
+def _appended_loss(model: ForwardModel, loss_fn: relax.Function):
+    """The forward's bindings then the loss's, the targets parameter and the loss value.
+
+    What ``relax.training.AppendLoss`` does, without its copies: it gives the forward and the
+    loss fresh symbolic variables each and then compares the forward's output type with the
+    loss's predictions structurally, so a symbolic batch ``n`` never matches. Here the loss's
+    predictions are bound to the forward's output itself and its targets to a new parameter of
+    the loss's targets type, which names the forward's symbolic variables (the built-in losses
+    are made from the output type, a user's loss is bound to it by ``loss_function``).
+    """
+    targets = relax.Var("targets", loss_fn.params[1].ty)
+    output = model.func.body.body
+    loss = loss_fn.bind_params({loss_fn.params[0]: output, loss_fn.params[1]: targets})
+    bindings = _bindings(model.func) + _bindings(loss)
+    return bindings, targets, loss.body.body
 
 
 def _ops_without_gradient(func: relax.Function) -> list[str]:

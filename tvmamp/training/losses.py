@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
+import tvm
 import tvm_ffi
 from tvm import relax
+
+from tvmamp.tensors import static_shape
 
 LOSSES = ("mse", "cross_entropy")
 # A cross_entropy target equal to this is left out of the mean (torch's default ignore_index).
@@ -59,7 +62,11 @@ def _mse(pred_ty) -> relax.Function:
     """``mean(power(p - t, 2))``: relax.training's MSELoss squares with a ``multiply``, which O2
     runs in the low dtype, and fp16 targets ~100 away overflowed it (every reported loss inf,
     while most steps applied their updates). ``power`` is on the black list, so the squares
-    and their mean are fp32 at O1 and O2, as torch autocast computes ``mse_loss``."""
+    and their mean are fp32 at O1 and O2, as torch autocast computes ``mse_loss``.
+
+    With a symbolic dimension (a dynamic batch) the mean is ``sum / sum(ones_like(targets))``:
+    TVM 0.27's gradient of ``mean`` needs a static element count. The count's bindings are
+    named ``amp_*``, so the AMP policy keeps it fp32 (fp16 counts past 2048 are not exact)."""
     bb = relax.BlockBuilder()
     predictions = relax.Var("predictions", pred_ty)
     targets = relax.Var("targets", pred_ty)
@@ -67,7 +74,12 @@ def _mse(pred_ty) -> relax.Function:
         with bb.dataflow():
             error = relax.op.subtract(predictions, targets)
             squares = relax.op.power(error, relax.const(2.0, str(pred_ty.dtype)))
-            loss = bb.emit_output(relax.op.mean(squares))
+            if static_shape(pred_ty) is not None:
+                loss = bb.emit_output(relax.op.mean(squares))
+            else:
+                ones = bb.emit(relax.op.ones_like(targets), name_hint="amp_mse_ones")
+                count = bb.emit(relax.op.sum(ones), name_hint="amp_mse_count")
+                loss = bb.emit_output(relax.op.divide(relax.op.sum(squares), count))
         bb.emit_func_output(loss)
     return bb.get()["mse_loss"]
 
@@ -125,6 +137,7 @@ def _check_user_loss(func: relax.Function, pred_ty) -> relax.Function:
             "tvmamp.training: a loss function takes (predictions, targets), this one takes "
             f"{len(func.params)} parameters"
         )
+    func = _symbols_of(func, pred_ty)
     if not _same_type(func.params[0].ty, pred_ty):
         raise TypeError(
             f"tvmamp.training: the loss function's predictions are {func.params[0].ty}, but the "
@@ -134,3 +147,18 @@ def _check_user_loss(func: relax.Function, pred_ty) -> relax.Function:
     if not isinstance(ret, relax.TensorType) or ret.ndim != 0 or "float" not in str(ret.dtype):
         raise TypeError(f"tvmamp.training: the loss function must return a 0-d float, not {ret}")
     return func
+
+
+def _symbols_of(func: relax.Function, pred_ty) -> relax.Function:
+    """``func`` with the symbolic dimensions of its predictions replaced by the model output's
+    at the same positions: a loss written for ``R.Tensor(("n", 4))`` has a variable ``n`` of
+    its own, which only the name shares with the model's."""
+    shapes = [getattr(t, "shape", None) for t in (func.params[0].ty, pred_ty)]
+    if not all(isinstance(shape, relax.ShapeExpr) for shape in shapes):
+        return func
+    mine, model = (list(shape.values) for shape in shapes)
+    if len(mine) != len(model):
+        return func
+    pairs = zip(mine, model)
+    mapping = {d: m for d, m in pairs if isinstance(d, tvm.tirx.Var) and not d.same_as(m)}
+    return func.bind_symbolic_vars(mapping) if mapping else func

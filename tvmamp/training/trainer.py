@@ -14,8 +14,8 @@ from tvmamp.conversion import Converted
 from tvmamp.loss_scale import DynamicLossScale, LossScale, NoOpLossScale
 from tvmamp.messages import last_line
 from tvmamp.pipeline import compile_converted
-from tvmamp.tensors import check_array
 
+from .data import check_step_data
 from .graph import AMP_OPTIONS, convert_adjoint, scaled_adjoint
 from .losses import check_labels, loss_function
 from .model import initial_params, load_forward, untrained_params
@@ -62,7 +62,8 @@ class Trainer:
         Update every k-th step with the sum of k steps' unscaled gradients.
     input_spec : dict, optional
         For an nn.Module: ``{"x": nn.spec.Tensor(shape, dtype)}``, one per argument of its
-        forward; float inputs are float32.
+        forward; float inputs are float32. A dimension may be symbolic (``("n", 8)``): one
+        step then runs at any batch size.
     **amp_options
         ``custom_white_list``, ``custom_black_list``, ``custom_fp32_nodes``, ... of
         :func:`tvmamp.convert` (``graph.AMP_OPTIONS``); another keyword is a TypeError.
@@ -163,12 +164,7 @@ class Trainer:
             *self._data_types,
             ("targets", self.mod["train_step"].params[len(self._data_types)].ty),
         ]
-        if len(data) != len(want):
-            names = ", ".join(n for n, _ in want)
-            raise TypeError(
-                f"tvmamp.training: step takes {len(want)} arrays ({names}), got {len(data)}"
-            )
-        arrays = [check_array(a, n, t, "tvmamp.training") for a, (n, t) in zip(data, want)]
+        arrays = check_step_data(data, want)
         if self._classes is not None:
             check_labels(arrays[-1], self._classes)
         return [self._stage(i, a) for i, a in enumerate(arrays)]
