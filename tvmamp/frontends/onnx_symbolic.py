@@ -10,7 +10,9 @@ converter (returns ``None``) whenever its preconditions do not hold:
 * ``Slice`` "to the end" (``INT64_MAX``) or with negative constant bounds on a symbolic axis
   (MPT, WavLM);
 * ``Gather`` of a shape: a shape held in a variable, or a constant index picking static dims
-  (DeBERTa v1's ``chunk``);
+  (DeBERTa v1's ``chunk``), or permuting all of them (onnxruntime's transpose optimiser
+  writes ``Shape(Transpose(x))`` so; its ``Split`` of a shape becomes ``Slice`` nodes before
+  the import, :func:`split_shapes_as_slices`);
 * ``Expand`` of a tensor with symbolic dims to a constant shape (WavLM);
 * ``Conv`` with ``auto_pad`` "SAME" over static spatial sizes, given explicit pads (TVM pads
   its input with a kernel of its own);
@@ -163,6 +165,92 @@ def _overriding(converter, rewrite):
 
     Override.__name__ = Override.__qualname__ = converter.__name__
     return Override
+
+
+# ----------------------------------------------------------------------------- before the import
+
+
+def split_shapes_as_slices(onnx, model):
+    """``model`` with every ``Split`` of a shape (a ``Shape`` output, or a ``Gather`` of one
+    by a list of indices) into parts of constant sizes written as one ``Slice`` a part: a
+    copy, or ``model`` itself where there is no such ``Split``.
+
+    onnxruntime's transpose optimiser (level 99 of its transformer optimiser: LLaMA files)
+    splits shapes into their dims with ``Split``. TVM's importer refuses a shape as its input
+    ("cannot handle ShapeExpr inputs"), or splits a tensor of it at run time, and the
+    ``Reshape`` to the shape rebuilt from the parts failed ("Reshape requires the input new
+    shape to be Shape"). A ``Slice`` of a shape by constant bounds stays a shape (or a
+    constant)."""
+    graph = model.graph
+    constants = _constant_ints(onnx, graph)
+    shapes = _shape_values(graph, constants)
+    found = [i for i, n in enumerate(graph.node) if _split_sizes(n, shapes, constants)]
+    if not found:
+        return model
+    copy = type(model)()
+    copy.CopyFrom(model)
+    for i in reversed(found):
+        node = copy.graph.node[i]
+        slices = _as_slices(onnx, node, _split_sizes(node, shapes, constants))
+        del copy.graph.node[i]
+        for offset, new in enumerate(slices):
+            copy.graph.node.insert(i + offset, new)
+    return copy
+
+
+def _constant_ints(onnx, graph) -> dict:
+    """``{name: numpy array}`` of the integer initializers and ``Constant`` outputs."""
+    arrays = {t.name: onnx.numpy_helper.to_array(t) for t in graph.initializer}
+    for node in graph.node:
+        if node.op_type == "Constant" and len(node.attribute) == 1:
+            if node.attribute[0].name == "value":
+                arrays[node.output[0]] = onnx.numpy_helper.to_array(node.attribute[0].t)
+    return {name: a for name, a in arrays.items() if a.dtype.kind in "iu"}
+
+
+def _shape_values(graph, constants) -> set:
+    """Names of the values that are shapes: ``Shape`` outputs, and ``Gather`` (axis 0) of
+    them by a 1-D constant index."""
+    shapes = set()
+    for node in graph.node:
+        if node.op_type == "Shape" and node.domain in ("", "ai.onnx"):
+            shapes.add(node.output[0])
+        elif node.op_type == "Gather" and node.input[0] in shapes and _axis(node) == 0:
+            index = constants.get(node.input[1])
+            if index is not None and index.ndim == 1:
+                shapes.add(node.output[0])
+    return shapes
+
+
+def _axis(node) -> int:
+    return next((a.i for a in node.attribute if a.name == "axis"), 0)
+
+
+def _split_sizes(node, shapes, constants) -> list | None:
+    """The constant part sizes of a ``Split`` of a shape, else None."""
+    if node.op_type != "Split" or node.domain not in ("", "ai.onnx"):
+        return None
+    if node.input[0] not in shapes or _axis(node) not in (0, -1):
+        return None
+    sizes = next((list(a.ints) for a in node.attribute if a.name == "split"), None)
+    if sizes is None and len(node.input) > 1 and node.input[1] in constants:
+        sizes = [int(v) for v in constants[node.input[1]].reshape(-1)]
+    return sizes if sizes and len(sizes) == len(node.output) else None
+
+
+def _as_slices(onnx, node, sizes: list) -> list:
+    """``Constant`` bounds and one ``Slice`` a part of ``node`` (a ``Split``)."""
+    helper, base = onnx.helper, node.name or node.output[0]
+    nodes, start = [], 0
+    for k, (out, size) in enumerate(zip(node.output, sizes)):
+        bounds = [f"{base}/slice{k}_{w}" for w in ("starts", "ends", "axes")]
+        for name, value in zip(bounds, (start, start + size, 0)):
+            array = onnx.numpy_helper.from_array(np.array([value], "int64"), name)
+            nodes.append(helper.make_node("Constant", [], [name], value=array))
+        if out:
+            nodes.append(helper.make_node("Slice", [node.input[0], *bounds], [out]))
+        start += size
+    return nodes
 
 
 # ----------------------------------------------------------------------------- value helpers
@@ -375,7 +463,11 @@ def _gather(bb, inputs, attr, params, fallback):
     TVM's converter, which calls ``shape_of`` on it and fails: it is made a tensor first. A
     1-D constant index into a shape becomes a run-time tensor in TVM even where the picked dims
     are static (DeBERTa v1's ``chunk``: ``Shape(x)[[-1]]``), and a later ``Slice`` or
-    ``Reshape`` reading it loses its shape: it is a constant here.
+    ``Reshape`` reading it loses its shape: it is a constant here. A permutation of all the
+    dims is onnxruntime's transpose optimiser's ``Shape(Transpose(x, perm))`` (level-99 LLaMA
+    files): a shape, as ``Shape`` gives it, which a later ``Gather``, ``Concat`` or
+    ``Reshape`` takes where a tensor failed ("Reshape requires the input new shape to be
+    Shape").
     """
     data, index = inputs[0], inputs[1]
     if attr.get("axis", 0) != 0:
@@ -384,6 +476,8 @@ def _gather(bb, inputs, attr, params, fallback):
         picks = _ints(index)
         if picks is None or index.value.numpy().ndim != 1:
             return None
+        if sorted(picks) == list(range(len(data.values))):  # Shape(Transpose(x)), as a shape
+            return relax.ShapeExpr([data.values[i] for i in picks])
         if not all(-len(data.values) <= i < len(data.values) for i in picks):
             return None
         dims = [data.values[i] for i in picks]
