@@ -17,7 +17,7 @@ kernel TVM recognises, may still fuse with its neighbours.
 from __future__ import annotations
 
 import tvm
-from tvm import relax, te, topi
+from tvm import relax, te, tirx, topi
 
 from tvmamp.tensors import static_shape
 
@@ -31,13 +31,48 @@ def _legalize_reshape(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
         return _TVM_LEGALIZE(bb, call)
     data = te.placeholder(list(x.ty.shape), x.ty.dtype, "data")
     kernel = te.create_prim_func([data, topi.reshape(data, list(shape))])
-    if relax.analysis.has_reshape_pattern(kernel):
+    if _is_reshape(kernel):
         return _TVM_LEGALIZE(bb, call)
     return call  # not legalized: a view
+
+
+def _is_reshape(kernel: tirx.PrimFunc) -> bool | None:
+    """TVM's ``has_reshape_pattern``, or None where its analysis raises (see
+    :func:`RewriteDataflowReshape`)."""
+    try:
+        return bool(relax.analysis.has_reshape_pattern(kernel))
+    except tvm.error.InternalError:
+        return None
+
+
+@tvm.transform.module_pass(opt_level=0, name="tvmamp.RewriteDataflowReshape")
+def RewriteDataflowReshape(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 (a pass)
+    """Relax's ``RewriteDataflowReshape`` (reshape kernels back to views), past the kernels
+    whose reshape analysis raises.
+
+    TVM 0.27's ``has_reshape_pattern`` fails a ``CanProveDivisible`` check on some transposes
+    over a sum of a symbolic and a static size: onnxruntime's GPT-2 decoder transposes its keys,
+    ``(batch, past + seq, heads, dim)`` with a symbolic past and a static seq, and the build
+    stopped with an InternalError. Such a kernel is no reshape: it is swapped for a stub with
+    its signature (which the analysis rejects) while the pass runs, and put back after.
+    """
+    unreadable = {
+        gv: func
+        for gv, func in mod.functions_items()
+        if isinstance(func, tirx.PrimFunc) and _is_reshape(func) is None
+    }
+    if unreadable:
+        mod = mod.clone()
+        for gv, func in unreadable.items():
+            mod[gv] = func.with_body(tirx.Evaluate(0))
+    mod = relax.transform.RewriteDataflowReshape()(mod)
+    for gv, func in unreadable.items():
+        mod[gv] = func
+    return mod
 
 
 _TVM_LEGALIZE = tvm.ir.Op.get("relax.reshape").get_attr("FLegalize")
 
 LEGALIZE_MAP = {"relax.reshape": _legalize_reshape}
 
-__all__ = ["LEGALIZE_MAP"]
+__all__ = ["LEGALIZE_MAP", "RewriteDataflowReshape"]

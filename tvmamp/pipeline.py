@@ -118,7 +118,7 @@ def dataflow_lower_passes() -> list:
     in each public function, ``call_tir`` to destination passing."""
     return [
         OutlineBranches(),
-        relax.transform.RewriteDataflowReshape(),
+        symbolic_reshape.RewriteDataflowReshape,
         relax.transform.ToNonDataflow(),
         relax.transform.RemovePurityChecking(),
         InsertSizeChecks(),

@@ -62,3 +62,30 @@ def test_built_relative_shift_matches_numpy():
         x = rng.standard_normal((batch, 4, 2 * seq, seq)).astype("float32")
         ref = x[:, :, 1:].reshape(batch, 4, seq, 2 * seq - 1)
         np.testing.assert_array_equal(exe(x), ref)
+
+
+def test_a_transpose_the_reshape_analysis_cannot_read_builds(rng):
+    """onnxruntime's GPT-2 decoder transposes its keys over ``past + seq`` with a symbolic past
+    and a static seq. TVM's ``has_reshape_pattern`` raised on that transpose (``CanProveDivisible``)
+    inside ``RewriteDataflowReshape``, and the build stopped. The kernel is passed over; the
+    reshape beside it still becomes a view."""
+    past = tvm.tirx.Var("past", "int64")
+    bb = relax.BlockBuilder()
+    cache = relax.Var("cache", relax.TensorType((2, past, 4, 16), "float32"))
+    new = relax.Var("new", relax.TensorType((2, 4, 4, 16), "float32"))
+    with bb.function("main", [cache, new]):
+        with bb.dataflow():
+            keys = bb.emit(relax.op.concat([cache, new], axis=1))
+            transposed = bb.emit(relax.op.permute_dims(keys, [0, 2, 3, 1]))
+            flat = bb.emit(relax.op.reshape(keys, [2, past + 4, 64]))
+            out = bb.emit_output(relax.Tuple([transposed, flat]))
+        bb.emit_func_output(out)
+    exe = tvmamp.build(bb.get(), "O0", "llvm -num-cores=1")
+    assert "vm.builtin.reshape" in exe.vm_exec.as_text()
+    for n in (5, 0):
+        a = rng.standard_normal((2, n, 4, 16)).astype("float32")
+        b = rng.standard_normal((2, 4, 4, 16)).astype("float32")
+        transposed, flat = exe(a, b)
+        keys = np.concatenate([a, b], 1)
+        np.testing.assert_array_equal(np.asarray(transposed), keys.transpose(0, 2, 3, 1))
+        np.testing.assert_array_equal(np.asarray(flat), keys.reshape(2, n + 4, 64))
