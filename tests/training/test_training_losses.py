@@ -79,12 +79,15 @@ class _MLP(nn.Module):
         return self.fc2(nn.relu(self.fc1(x)))
 
 
-def test_mse_squares_in_fp32_at_o2():
+@pytest.mark.parametrize("level", ["O1", "O2", "O3"])
+def test_mse_squares_in_fp32_at_every_level(level):
     """Targets ~100 away: fp16 squares overflowed and every reported loss was inf (torch's
-    autocast computes mse_loss in fp32), while most steps applied their updates."""
+    autocast computes mse_loss in fp32), while most steps applied their updates. At O3, which
+    runs every op low, the loss was inf until the loss itself was kept fp32 at every level (as
+    MindSpore casts the network's output to fp32 for the loss)."""
     rng = np.random.default_rng(0)
     spec = {"x": nn.spec.Tensor((8, 16), "float32")}
-    trainer = Trainer(_MLP(), "mse", SGD(1e-3), level="O2", dtype="float16", input_spec=spec)
+    trainer = Trainer(_MLP(), "mse", SGD(1e-3), level=level, dtype="float16", input_spec=spec)
     for _ in range(3):
         x = rng.standard_normal((8, 16)).astype("float32")
         targets = (100 * rng.standard_normal((8, 16))).astype("float32")

@@ -22,6 +22,7 @@ from .model import ForwardModel
 # (the loss, the scaled loss, the seed of the backward pass and the mean's scalar backward): the
 # AMP policy keeps them fp32 (free for scalars), so a scale such as 65536 never meets fp16 as a
 # scalar (65536 > 65504 would be inf); it reaches the low dtype divided by the element count.
+# The loss's own bindings are named ``amp_loss_*`` (``_appended_loss``), so it is fp32 too.
 SCALE_NODES = ("amp_*",)
 
 # The keyword options of tvmamp.convert a Trainer passes on: it gives the model, level, target,
@@ -67,7 +68,7 @@ def scaled_adjoint(model: ForwardModel, loss_fn: relax.Function) -> relax.Functi
             f"so this model cannot be trained; {advice}write those ops out with ops that have "
             f"gradients, or train the model in its framework ({err})"
         ) from None
-    return _ScalarNamer().visit_expr(_flat_outputs(mod["scaled_loss_adjoint"]))
+    return _Namer("amp_", scalars=True).visit_expr(_flat_outputs(mod["scaled_loss_adjoint"]))
 
 
 def _appended_loss(model: ForwardModel, loss_fn: relax.Function):
@@ -82,6 +83,11 @@ def _appended_loss(model: ForwardModel, loss_fn: relax.Function):
     """
     targets = relax.Var("targets", loss_fn.params[1].ty)
     output = model.func.body.body
+    # The loss (and, by the adjoints' names, its backward) computes in fp32 at every level,
+    # as MindSpore's build_train_network casts the network's output to fp32 for the loss and
+    # torch autocast runs mse_loss and cross_entropy in fp32: at O3 in fp16 the squares of
+    # mse overflowed to inf with targets of a few hundred.
+    loss_fn = _Namer("amp_loss_", scalars=False).visit_expr(loss_fn)
     loss = loss_fn.bind_params({loss_fn.params[0]: output, loss_fn.params[1]: targets})
     bindings = _bindings(model.func) + _bindings(loss)
     return bindings, targets, loss.body.body
@@ -101,17 +107,22 @@ def _ops_without_gradient(func: relax.Function) -> list[str]:
 
 
 @relax.expr_functor.mutator
-class _ScalarNamer(PyExprMutator):
-    """Prefix the names of 0-d float bindings with ``amp_`` (see ``SCALE_NODES``)."""
+class _Namer(PyExprMutator):
+    """Prefix the names of bindings with ``prefix`` (an ``amp_`` name: see ``SCALE_NODES``):
+    every binding, or with ``scalars`` the 0-d float ones only."""
+
+    def __init__(self, prefix: str, scalars: bool):
+        super().__init__()
+        self.prefix, self.scalars = prefix, scalars
 
     def visit_var_binding_(self, binding):
         var, ty = binding.var, binding.var.ty
         scalar = isinstance(ty, relax.TensorType) and ty.ndim == 0 and "float" in str(ty.dtype)
-        if not scalar or var.name.startswith("amp_"):
+        if (self.scalars and not scalar) or var.name.startswith("amp_"):
             return super().visit_var_binding_(binding)
         value = self.builder_.normalize(self.visit_expr(binding.value))
         kind = relax.DataflowVar if isinstance(var, relax.DataflowVar) else relax.Var
-        new = kind("amp_" + var.name, value.ty)
+        new = kind(self.prefix + var.name, value.ty)
         self.builder_.emit_normalized(relax.VarBinding(new, value))
         self.set_var_remap(var, new)
         return None
