@@ -171,6 +171,7 @@ def build(
         "llvm", "llvm -mcpu=znver4", "cuda", "cuda -arch=sm_80", "nvidia/a100", a JSON dict...
     dtype : str, optional
         "float16" or "bfloat16"; by default bf16 on CPUs with avx512_bf16, fp16 elsewhere.
+        "float32" only at level O0, which converts nothing (the same as leaving it out).
     params : dict, optional
         Values for inputs of ``main``, bound as constants (converted low at compile time).
     custom_white_list, custom_black_list : list of str, optional
