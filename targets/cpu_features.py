@@ -107,9 +107,10 @@ CPU_LEVELS = (
 )
 INTEL, AMD = "GenuineIntel", "AuthenticAMD"
 # The vendor of each vendor-specific model of CPU_LEVELS (the x86-64 levels are neutral). A host
-# is given its own vendor's models only: an Intel Xeon whose AMX the hypervisor hides fits
-# znver5's features, but LLVM's znver5 model tunes for AMD's pipelines, and the bf16 rules
-# choose kernels by vendor (schedules/cpu/bf16_common.bf16_dot_at_half_rate).
+# is given its own vendor's models only: LLVM's znver models tune for AMD's pipelines, and the
+# bf16 rules choose kernels by vendor (schedules/cpu/bf16_common.bf16_dot_at_half_rate). (An
+# Intel Xeon whose AMX the hypervisor hides had every feature of znver5 until AMD's sse4a
+# joined FEATURES.)
 CPU_LEVEL_VENDORS = {
     **dict.fromkeys(("graniterapids", "sapphirerapids", "cooperlake", "icelake-server"), INTEL),
     **dict.fromkeys(("skylake-avx512", "haswell"), INTEL),
