@@ -131,3 +131,45 @@ def test_attention_cache_of_static_length_after_symbolic_new_positions(rng):
     mod, params = tvmamp.from_onnx(model, shape_dict=shapes)
     exe = tvmamp.build(mod, params=params, level="O2", target="llvm", dtype="bfloat16")
     _check(exe, model, _feeds(model, 3, 4, rng), 3e-2)
+
+
+def test_attention_cache_of_a_static_batch_and_new_positions_after_a_symbolic_cache(rng):
+    """A static batch and ``seq`` after a symbolic ``past``: the keys' transpose over ``past +
+    3`` stopped TVM's RewriteDataflowReshape ("The padding factor ... is not divisible")."""
+    model = _attention_model("raw", 1)
+    shapes = {"x": (2, 3, HIDDEN), "mask": (2, None), "past": (2, 2, HEADS, None, SIZE)}
+    mod, params = tvmamp.from_onnx(model, shape_dict=shapes)
+    exe = tvmamp.build(mod, params=params, level="O0", target="llvm")
+    for past in (4, 1):
+        _check(exe, model, _feeds(model, 3, past, rng), 1e-5)
+
+
+def test_a_present_beside_keys_and_values_of_different_sizes_is_refused():
+    """``qkv_hidden_sizes`` with values wider than the keys: no cache is computed for them, and
+    TVM's "Missing outputs during conversion" said nothing of why."""
+    rng = np.random.default_rng(0)
+    node = h.make_node(
+        "Attention",
+        ["x", "w", "b"],
+        ["y", "present"],
+        domain="com.microsoft",
+        num_heads=2,
+        qkv_hidden_sizes=[8, 8, 16],
+    )
+    inits = [
+        nh.from_array(rng.standard_normal((8, 32)).astype("float32"), "w"),
+        nh.from_array(rng.standard_normal(32).astype("float32"), "b"),
+    ]
+    outputs = [
+        h.make_tensor_value_info("y", TensorProto.FLOAT, (2, 5, 16)),
+        h.make_tensor_value_info("present", TensorProto.FLOAT, None),
+    ]
+    x = h.make_tensor_value_info("x", TensorProto.FLOAT, (2, 5, 8))
+    graph = h.make_graph([node], "g", [x], outputs, inits)
+    opsets = [h.make_opsetid("", 14), h.make_opsetid("com.microsoft", 1)]
+    model = h.make_model(graph, opset_imports=opsets)
+    model.ir_version = 8
+    with pytest.raises(
+        tvmamp.frontends.UnsupportedOperatorError, match=r"keys \(8\) and values \(16\)"
+    ):
+        tvmamp.from_onnx(model)

@@ -81,3 +81,49 @@ def test_reshape_to_a_transposed_shape(split, shape_dict, rng):
     assert got.shape == want.shape == (2, 4, 40)
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
     assert model == _merge_heads_model(split)  # the Split rewritten in a copy
+
+
+def _arithmetic_model(dims, numel: bool):
+    """``Gather(Shape(a), [1, 0, 2])`` read by ``Mul`` then ``Reshape`` (``numel=False``), or by
+    ``ReduceProd`` then ``Cast`` and ``Div`` (``x / x.numel()``)."""
+    nodes = [
+        h.make_node("QuickGelu", ["x"], ["a"], domain="com.microsoft"),
+        h.make_node("Shape", ["a"], ["s"]),
+        h.make_node("Gather", ["s", "perm"], ["ts"], axis=0),
+    ]
+    if numel:
+        nodes += [
+            h.make_node("ReduceProd", ["ts"], ["n"], keepdims=0),
+            h.make_node("Cast", ["n"], ["nf"], to=TensorProto.FLOAT),
+            h.make_node("Div", ["a", "nf"], ["y"]),
+        ]
+    else:
+        nodes += [
+            h.make_node("Mul", ["ts", "ones"], ["ts2"]),
+            h.make_node("Reshape", ["a", "ts2"], ["y"]),
+        ]
+    x = h.make_tensor_value_info("x", TensorProto.FLOAT, dims)
+    y = h.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    inits = [_ints("perm", [1, 0, 2]), _ints("ones", [1, 1, 1])]
+    graph = h.make_graph(nodes, "g", [x], [y], inits)
+    opsets = [h.make_opsetid("", 17), h.make_opsetid("com.microsoft", 1)]
+    model = h.make_model(graph, opset_imports=opsets)
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize(
+    "dims, numel", [([2, 6, 8], False), (["batch", "seq", 8], True), ([2, 6, 8], True)]
+)
+def test_arithmetic_on_a_transposed_shape(dims, numel, rng):
+    """The permuted shape is kept a shape for ``Reshape``; TVM's importer refused it as the
+    input of ``Mul`` or ``ReduceProd`` ("cannot handle ShapeExpr inputs"). Such readers get it
+    as a tensor (a constant where static)."""
+    model = _arithmetic_model(dims, numel)
+    x = rng.standard_normal((2, 6, 8)).astype("float32")
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    (want,) = session.run(None, {"x": x})
+    mod, params = tvmamp.from_onnx(model)
+    got = tvmamp.build(mod, params=params, level="O0", target="llvm -num-cores=1")(x)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)

@@ -18,7 +18,7 @@ from .onnx_fold import (
     prepare_for_import,
 )
 from .onnx_rnn import RECURRENT_OPS, expand_recurrent
-from .onnx_symbolic import split_shapes_as_slices, symbolic_converters
+from .onnx_symbolic import permuted_shapes_as_tensors, split_shapes_as_slices, symbolic_converters
 from .onnx_versions import graph_nodes, upgrade_old_ops
 
 _COMPONENT = "tvmamp.from_onnx"
@@ -96,6 +96,7 @@ def from_onnx(
         model = upgrade_old_ops(onnx, model)
     model, shapes = _with_partial_shapes(onnx, model, shapes)
     model = split_shapes_as_slices(onnx, model)
+    model = permuted_shapes_as_tensors(onnx, model)
     model = constant_initializers(model)
     model = fold_shape_constants(model, shapes)
     model = prepare_for_import(model, shapes)

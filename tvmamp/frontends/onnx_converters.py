@@ -185,6 +185,13 @@ def _attention(bb, inputs, attr, params, fallback):
     earlier = _past_length(past, hidden, hidden_v)
     if hidden % heads or hidden_v % heads or earlier is None or not _mask_handled(mask, batch):
         return None
+    if hidden != hidden_v and attr.get("tvm_custom", {}).get("num_outputs", 1) > 1:
+        raise UnsupportedOperatorError(
+            f"tvmamp.from_onnx: Attention with qkv_hidden_sizes whose keys ({hidden}) and values "
+            f"({hidden_v}) differ, and a present output: the key-value cache is supported for "
+            "keys and values of one size",
+            ["Attention"],
+        )
     q, k, v = _heads(bb, data, weight, bias, (hidden, hidden_v), heads)
     k, v, present = _with_cache(bb, past, k, v) if hidden == hidden_v else (k, v, None)
     total = Analyzer().simplify(seq + earlier)
@@ -244,10 +251,9 @@ def _with_cache(bb, past, k, v):
     heads, head_size)``). Without ``past``, ``k``, ``v`` and their ``present``.
 
     The attention's keys are concatenated anew rather than read back from ``present``: TVM's
-    RewriteDataflowReshape failed on a transpose of ``present`` alone ("The padding factor
-    ... is not divisible", a transpose of a static batch and ``past + 6`` positions). It
-    still fails where the batch is static and the number of keys a sum of a symbolic and a
-    static length (``seq`` static above 1, or ``past`` static): a TVM bug."""
+    RewriteDataflowReshape failed on a transpose of ``present`` ("The padding factor ... is
+    not divisible", a static batch and ``past + 6`` positions), before tvmamp's pipeline
+    passed over such kernels (``relay_passes/symbolic_reshape.py``)."""
     new = relax.op.stack([relax.op.permute_dims(x, [0, 2, 1, 3]) for x in (k, v)], axis=0)
     if past is None:
         return k, v, new  # present: emitted only where the graph reads it

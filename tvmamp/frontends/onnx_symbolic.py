@@ -198,6 +198,68 @@ def split_shapes_as_slices(onnx, model):
     return copy
 
 
+# The name prefix of the Casts that make a shape a tensor (``permuted_shapes_as_tensors``).
+AS_TENSOR = "tvmamp/as_tensor/"
+
+# The ops TVM's importer gives a shape to (its ``shape_compatible_ops``), and ``Split``, which
+# ``split_shapes_as_slices`` writes as ``Slice``s. Any other op refuses one ("cannot handle
+# ShapeExpr inputs").
+_SHAPE_READERS = frozenset(
+    "Reshape Resize ConstantOfShape Gather Slice Shape Expand Concat Equal Where Cast CastLike "
+    "Squeeze Split".split()
+)
+
+
+def permuted_shapes_as_tensors(onnx, model):
+    """``model`` where an op that takes no shapes reads a permutation ``Gather`` of a shape
+    through a ``Cast`` to int64 named ``tvmamp/as_tensor/...``: a copy, or ``model`` itself
+    where none does.
+
+    :func:`_gather` keeps ``Gather(Shape(x), perm)`` (onnxruntime's transpose optimiser's
+    ``Shape(Transpose(x))``) a shape, for the ``Reshape`` it feeds. A ``Mul`` or ``ReduceProd``
+    of it was then refused by TVM's importer. :func:`_cast` leaves such a ``Cast`` to TVM,
+    which makes the shape a constant where it is static, else a tensor.
+    """
+    graph = model.graph
+    constants = _constant_ints(onnx, graph)
+    shapes = _shape_values(graph, constants)
+    permuted = {
+        node.output[0]
+        for node in graph.node
+        if node.op_type == "Gather"
+        and node.output[0] in shapes
+        and sorted(constants[node.input[1]].tolist()) == list(range(constants[node.input[1]].size))
+    }
+    read = {
+        name
+        for node in graph.node
+        if node.op_type not in _SHAPE_READERS
+        for name in node.input
+        if name in permuted
+    }
+    if not read:
+        return model
+    copy = type(model)()
+    copy.CopyFrom(model)
+    nodes = list(copy.graph.node)
+    del copy.graph.node[:]
+    for node in nodes:
+        if node.op_type not in _SHAPE_READERS:
+            node.input[:] = [f"{n}/tensor" if n in read else n for n in node.input]
+        copy.graph.node.append(node)
+        for name in node.output:
+            if name in read:
+                cast = onnx.helper.make_node(
+                    "Cast",
+                    [name],
+                    [f"{name}/tensor"],
+                    AS_TENSOR + name,
+                    to=7,  # INT64
+                )
+                copy.graph.node.append(cast)
+    return copy
+
+
 def _constant_ints(onnx, graph) -> dict:
     """``{name: numpy array}`` of the integer initializers and ``Constant`` outputs."""
     arrays = {t.name: onnx.numpy_helper.to_array(t) for t in graph.initializer}
@@ -605,11 +667,13 @@ def _conv(bb, inputs, attr, params, fallback):
 
 
 def _cast(bb, inputs, attr, params, fallback):
-    """``Cast`` of a shape to int64: the shape itself (TVM makes it a tensor)."""
+    """``Cast`` of a shape to int64: the shape itself (TVM makes it a tensor), except where
+    :func:`permuted_shapes_as_tensors` asks for a tensor."""
     from onnx import TensorProto
 
+    named = attr.get("tvm_custom", {}).get("name") or ""
     if isinstance(inputs[0], relax.ShapeExpr) and attr.get("to") == TensorProto.INT64:
-        return inputs[0]
+        return None if named.startswith(AS_TENSOR) else inputs[0]
     return None
 
 
