@@ -1,9 +1,10 @@
 """The differentiated, loss-scaled and mixed-precision part of the training graph.
 
-``main(*inputs, *params)`` -> AppendLoss -> ``scaled_loss(*inputs, *params, targets,
-amp_loss_scale) = (loss * amp_loss_scale, loss)`` -> Gradient -> AutoMixedPrecision. The AMP
-pass runs after Gradient (converting first breaks Gradient's type check, REFERENCE.md) on the
-forward and backward ops only; the optimizer update stays fp32 (master weights).
+``main(*inputs, *params)`` -> the loss appended to its block (``_appended_loss``) ->
+``scaled_loss(*inputs, *params, targets, amp_loss_scale) = (loss * amp_loss_scale, loss)`` ->
+Gradient -> AutoMixedPrecision. The AMP pass runs after Gradient (converting first breaks
+Gradient's type check, REFERENCE.md) on the forward and backward ops only, the loss and the
+scale's ops kept fp32 (``SCALE_NODES``); the optimizer update stays fp32 (master weights).
 """
 
 from __future__ import annotations
