@@ -80,6 +80,7 @@ def k_is_innermost(block: s_tir.SBlock, read: int) -> bool:
     last = block.reads[read].region[-1].min
     return (
         isinstance(last, tirx.Var)
+        and kinds is not None
         and kinds.get(last) is not None
         and last in {iv.var for iv in block.iter_vars if iv.iter_type == tirx.IterVar.CommReduce}
     )

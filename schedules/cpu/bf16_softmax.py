@@ -33,7 +33,7 @@ from .bf16_matmul import (
 )
 from .bf16_passes import packs_take_intrinsics
 from .common import NotApplicable, all_static, is_reduction, use_parallel, vectorize_tile
-from .matmul_analysis import normalize
+from .matmul_analysis import iter_kinds, normalize
 
 # Most columns (keys) of a merged kernel; longer rows stay two kernels. A row block's scores and
 # exponentials (fp32) then take at most 256 KiB on vdpbf16ps (8 rows), within L2: on Zen5 the
@@ -109,6 +109,8 @@ def schedule(
     On AMX targets the GEMM runs on the AMX kernel (32-row blocks, ``A`` tile-packed) when its
     ``K`` needs no blocking, else on ``vdpbf16ps``.
     """
+    if iter_kinds(sch.get(main)) is None:  # one key (a J of extent 1): MobileViT's last stage
+        raise NotApplicable("the scores GEMM has no column axis to tile")
     a_contiguous = k_is_innermost(sch.get(main), 0)
     shared = shared_operands(sch, main)
     normalize(sch, main)

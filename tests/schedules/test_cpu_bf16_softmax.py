@@ -108,6 +108,23 @@ def test_merged_scores_and_softmax_match_float64(rng, shape, target, mask):
     assert_close(np.asarray(out, "float32"), _reference(*args), rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.parametrize("target", [ZNVER4, SAPPHIRE], ids=["vdpbf16ps", "amx"])
+def test_one_key_is_declined_without_a_rule_error(rng, caplog, target):
+    """MobileViT at 64 x 64 attends over one key: the scores GEMM has no column axis, and the
+    rule failed on it ("'NoneType' object has no attribute 'get'", logged as a bug in the
+    rule). It declines such a GEMM; the attention still matches float64."""
+    import logging
+
+    shape = (8, 4, 1, 1, 16)
+    with caplog.at_level(logging.WARNING, logger="tvmamp.schedules"):
+        exe = tvmamp.build(_attention(*shape), "O2", target, dtype="bfloat16")
+    assert not [r for r in caplog.records if "bug in the rule" in r.getMessage()]
+    if target == ZNVER4:
+        _needs_bf16_host()
+        args = _inputs(rng, *shape)
+        assert_close(np.asarray(exe(*args), "float32"), _reference(*args), rtol=2e-2, atol=2e-2)
+
+
 @pytest.mark.parametrize(
     "what, kwargs, shape",
     [
