@@ -1,0 +1,36 @@
+"""slice_axes.LEGALIZE_MAP: a slice along a negative axis of a tensor with a symbolic dim."""
+
+import numpy as np
+import tvm
+from tvm import relax
+
+import tvmamp
+from tvmamp.relay_passes.slice_axes import LEGALIZE_MAP
+
+
+def _sliced(axis: int):
+    """``x[:, 1:]`` of ``x: (n, 12)``, the axis written as ``axis``; then ``* 2``."""
+    n = tvm.tirx.Var("n", "int64")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((n, 12), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.strided_slice(x, [axis], [1], [12]))
+            out = bb.emit_output(relax.op.multiply(y, relax.const(2.0, "float32")))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_a_negative_axis_is_legalized_as_its_positive_one():
+    """TVM's legalizer sent axis -1 to topi's dynamic_strided_slice_with_axes, which failed
+    ("axis < src_tensor_dim (-1 vs. 2)"): torch.export writes ``x[..., 1:]`` and
+    ``torch.diff(x, dim=-1)`` so, and decoders imported with a dynamic batch did not build."""
+    ours = relax.transform.LegalizeOps(LEGALIZE_MAP)(_sliced(-1))
+    tvm.ir.assert_structural_equal(ours, relax.transform.LegalizeOps()(_sliced(1)))
+
+
+def test_built_at_two_batch_sizes(rng):
+    exe = tvmamp.build(_sliced(-1), "O0", "llvm -num-cores=1")
+    for batch in (2, 5):
+        x = rng.standard_normal((batch, 12)).astype("float32")
+        np.testing.assert_array_equal(exe(x), x[:, 1:] * 2)
