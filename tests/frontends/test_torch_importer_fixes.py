@@ -475,3 +475,53 @@ def test_max_and_min_over_a_dim(fn, rng):
     x[0, :, 0] = 2.0  # a tie: the first index wins, as in torch
     _check(fn, x, exact=True, levels=("O0",))
     _check(fn, x, levels=("O2",))
+
+
+# ------------------------- sizes that follow a dynamic batch: empty, repeat, negative-axis slices
+
+
+class InversePermutation(nn.Module):
+    """transformers' MoE experts: ``inv = torch.empty_like(perm); inv[perm] = arange``."""
+
+    def forward(self, x):
+        flat = x.reshape(-1)
+        perm = torch.argsort(flat)
+        inv = torch.empty_like(perm)
+        inv[perm] = torch.arange(perm.size(0))
+        return flat[perm][inv].reshape(x.shape) * 2.0
+
+
+class RepeatByBatch(nn.Module):
+    """DETR's ``query.unsqueeze(0).repeat(batch, 1, 1)``."""
+
+    def __init__(self):
+        super().__init__()
+        self.query = nn.Parameter(torch.randn(10, 16))
+
+    def forward(self, x):
+        return x + self.query.unsqueeze(0).repeat(x.shape[0], 1, 2)[:, :, :16]
+
+
+class Diff(nn.Module):
+    """``torch.diff(x, dim=-1)``: a slice along axis -1 (transformers' packed-sequence check)."""
+
+    def forward(self, x):
+        return torch.diff(x, dim=-1)
+
+
+@pytest.mark.parametrize(
+    "model, tail",
+    [(InversePermutation(), (8,)), (RepeatByBatch(), (10, 16)), (Diff(), (12,))],
+    ids=["empty_like", "repeat", "diff"],
+)
+def test_sizes_that_follow_a_dynamic_batch(model, tail, rng):
+    """TVM's converters passed the fx nodes of symbolic sizes to ``zeros`` (empty) and ``tile``
+    (repeat), and its legalizer refused a negative slice axis over a symbolic dim: each failed
+    with ``dynamic_batch=True`` and built with a static batch."""
+    x = _floats(rng, 3, *tail)
+    mod, params = tvmamp.from_torch(model.eval(), (torch.from_numpy(x),), dynamic_batch=True)
+    exe = tvmamp.build(mod, "O0", TARGET, params=params)
+    for batch in (2, 3):
+        with torch.no_grad():
+            want = model(torch.from_numpy(x[:batch])).numpy()
+        np.testing.assert_allclose(exe(x[:batch]), want, rtol=O0_TOL, atol=O0_TOL)

@@ -356,3 +356,50 @@ def nan_ignoring(extremum):
         return importer.block_builder.emit(out)
 
     return convert
+
+
+def _sizes(values) -> list:
+    """Sizes from an importer's ``retrieve_args``: ints and PrimExprs (symbolic sizes) as int64
+    PrimExprs for a ``ShapeExpr``."""
+    import tvm
+
+    return [tvm.tirx.IntImm("int64", v) if isinstance(v, int) else v for v in values]
+
+
+def empty(node, importer):
+    """``empty``/``empty_permuted(size)``: zeros (uninitialised in torch) of sizes that may be
+    symbolic. TVM's converter passed the fx nodes of symbolic sizes to ``relax.op.zeros``, and
+    transformers' MoE experts (``torch.empty_like(perm)`` of a dynamic batch's tokens) failed to
+    import."""
+    import torch
+    from tvm import relax
+
+    args = importer.retrieve_args(node)
+    dtype = importer._convert_data_type(  # pylint: disable=protected-access
+        node.kwargs.get("dtype") or torch.get_default_dtype(), importer.env
+    )
+    return importer.block_builder.emit(relax.op.zeros(relax.ShapeExpr(_sizes(args[0])), dtype))
+
+
+def repeat(node, importer):
+    """``repeat(x, *repeats)`` where a repeat count may be symbolic (DETR's
+    ``query.unsqueeze(0).repeat(batch, 1, 1)`` over a dynamic batch), which ``relax.op.tile``
+    (TVM's converter) refuses: ``x`` with a unit axis before each of its axes, broadcast to the
+    counts there, then the pairs merged."""
+    from tvm import relax
+
+    args = importer.retrieve_args(node)
+    x = args[0]
+    counts = list(args[1]) if isinstance(args[1], list | tuple) else list(args[1:])
+    if all(isinstance(c, int) for c in counts):
+        return importer.block_builder.emit(relax.op.tile(x, counts))
+    dims = list(x.ty.shape.values)
+    dims = [1] * (len(counts) - len(dims)) + dims
+    counts = _sizes(counts)
+    dims = _sizes(dims)
+    pairs = [v for d in dims for v in (1, d)]
+    spread = [v for c, d in zip(counts, dims, strict=True) for v in (c, d)]
+    bb = importer.block_builder
+    y = relax.op.broadcast_to(relax.op.reshape(x, relax.ShapeExpr(pairs)), relax.ShapeExpr(spread))
+    merged = [c * d for c, d in zip(counts, dims, strict=True)]
+    return bb.emit(relax.op.reshape(y, relax.ShapeExpr(merged)))
