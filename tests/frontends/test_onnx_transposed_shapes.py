@@ -54,7 +54,12 @@ def _merge_heads_model(split: bool):
     nodes.append(h.make_node("Reshape", ["t", "shape"], ["y"]))
     inits = [_ints("perm", PERM), _ints("ones", [1, 1, 1, 1]), _ints("zero", [0])]
     inits += [_ints("minus_one", [-1]), _ints("zero_scalar", 0), _ints("one_scalar", 1)]
-    x = h.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 4, 8])
+    return _model(nodes, ["batch", "seq", 4, 8], inits)
+
+
+def _model(nodes, dims, inits):
+    """A model of ``nodes`` from ``x`` (``dims``) to ``y``, opset 17 and com.microsoft."""
+    x = h.make_tensor_value_info("x", TensorProto.FLOAT, dims)
     y = h.make_tensor_value_info("y", TensorProto.FLOAT, None)
     graph = h.make_graph(nodes, "g", [x], [y], inits)
     opsets = [h.make_opsetid("", 17), h.make_opsetid("com.microsoft", 1)]
@@ -102,14 +107,7 @@ def _arithmetic_model(dims, numel: bool):
             h.make_node("Mul", ["ts", "ones"], ["ts2"]),
             h.make_node("Reshape", ["a", "ts2"], ["y"]),
         ]
-    x = h.make_tensor_value_info("x", TensorProto.FLOAT, dims)
-    y = h.make_tensor_value_info("y", TensorProto.FLOAT, None)
-    inits = [_ints("perm", [1, 0, 2]), _ints("ones", [1, 1, 1])]
-    graph = h.make_graph(nodes, "g", [x], [y], inits)
-    opsets = [h.make_opsetid("", 17), h.make_opsetid("com.microsoft", 1)]
-    model = h.make_model(graph, opset_imports=opsets)
-    model.ir_version = 8
-    return model
+    return _model(nodes, dims, [_ints("perm", [1, 0, 2]), _ints("ones", [1, 1, 1])])
 
 
 @pytest.mark.parametrize(
