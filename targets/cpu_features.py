@@ -88,6 +88,9 @@ FEATURES: tuple[CpuFeature, ...] = (
     CpuFeature("tbm", "tbm", EXT, 0, ECX, 21),
 )
 FEATURE_NAMES = tuple(f.name for f in FEATURES)
+# AMD's own extensions: a host CPU model may be taken without them (``-mattr=-sse4a``), where a
+# hypervisor hides them from an AMD guest (targets/llvm.host_cpu).
+AMD_ONLY = ("sse4a", "xop", "fma4", "tbm")
 
 # CPU levels, newest first, for "rebuild for this machine": the first whose features the host has.
 CPU_LEVELS = (

@@ -12,6 +12,7 @@ import tvm
 from tvm.target import codegen
 
 from .cpu_features import (
+    AMD_ONLY,
     cpu_level_features,
     cpuinfo_flags,
     cpuinfo_vendor,
@@ -57,7 +58,19 @@ def host_cpu() -> str:
 
 
 def _cpu_fits(cpu: str, host: frozenset[str]) -> bool:
-    return set(cpu_level_features(cpu)) <= host
+    """Whether ``host`` has every feature of ``cpu`` but AMD's own extensions, which
+    :func:`host_cpu_mattr` turns off where the host lacks them."""
+    return set(cpu_level_features(cpu)) - set(AMD_ONLY) <= host
+
+
+def host_cpu_mattr() -> list[str]:
+    """``-sse4a`` and the like: AMD's own extensions that :func:`host_cpu`'s model has and this
+    host does not report (an AMD guest whose hypervisor hides sse4a keeps its znver model, and
+    its code passes the CPU feature guard)."""
+    host = host_cpu_features()
+    if host is None:
+        return []
+    return [f"-{f}" for f in cpu_level_features(host_cpu()) if f in AMD_ONLY and f not in host]
 
 
 def _covers(cpu: str, host: frozenset[str], system: str, levels: tuple[str, ...]) -> bool:
@@ -114,6 +127,10 @@ def make_target(options: dict) -> tvm.target.Target:
     if spec.get("mcpu", "native") == "native":
         if _is_host_arch(spec.get("mtriple")):
             spec["mcpu"] = host_cpu()
+            off = host_cpu_mattr()
+            if off:
+                given = spec.get("mattr", [])
+                spec["mattr"] = [*(given.split(",") if isinstance(given, str) else given), *off]
         else:
             spec.pop("mcpu", None)
     if "mattr" in spec and isinstance(spec["mattr"], str):

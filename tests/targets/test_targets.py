@@ -127,3 +127,26 @@ def test_bad_targets(spec, message):
 
 def test_registry_has_one_entry_per_kind():
     assert {"llvm", "cuda"} <= set(REGISTRY)
+
+
+def test_an_amd_guest_without_sse4a_keeps_its_model(monkeypatch):
+    """A hypervisor may hide AMD's sse4a from a Zen 4 guest. Since the guard counts sse4a
+    (LLVM's znver models emit insertq), such a host fell to x86-64-v3 (no AVX-512, no bf16);
+    it keeps znver4 with sse4a turned off, and that code needs nothing the host lacks."""
+    from tvmamp.targets import llvm
+    from tvmamp.targets.cpu_features import cpu_level_features, target_cpu_features
+
+    host = frozenset(cpu_level_features("znver4")) - {"sse4a"}
+    monkeypatch.setattr(llvm, "host_cpu_features", lambda: host)
+    monkeypatch.setattr(llvm, "cpuinfo_vendor", lambda: "AuthenticAMD", raising=False)
+    monkeypatch.setattr(llvm.codegen, "llvm_get_system_cpu", lambda: "znver4")
+    host_cpu.cache_clear()
+    try:
+        assert host_cpu() == "znver4"
+        target = llvm.make_target({"num-cores": 1})
+        assert list(target.attrs["mattr"]) == ["-sse4a"]
+        assert set(target_cpu_features(target)) <= host
+        given = llvm.make_target({"num-cores": 1, "mattr": "+avx512bf16"})
+        assert list(given.attrs["mattr"]) == ["+avx512bf16", "-sse4a"]
+    finally:
+        host_cpu.cache_clear()
