@@ -509,15 +509,30 @@ class Diff(nn.Module):
         return torch.diff(x, dim=-1)
 
 
+class ShiftRight(nn.Module):
+    """Funnel's relative shift: ``y[:, :, 1:] = x[:, :, :-1]``, a slice_scatter across the batch."""
+
+    def forward(self, x):
+        y = torch.zeros_like(x)
+        y[:, :, 1:] = x[:, :, :-1]
+        return y * 2.0
+
+
 @pytest.mark.parametrize(
     "model, tail",
-    [(InversePermutation(), (8,)), (RepeatByBatch(), (10, 16)), (Diff(), (12,))],
-    ids=["empty_like", "repeat", "diff"],
+    [
+        (InversePermutation(), (8,)),
+        (RepeatByBatch(), (10, 16)),
+        (Diff(), (12,)),
+        (ShiftRight(), (4, 8)),
+    ],
+    ids=["empty_like", "repeat", "diff", "slice_scatter"],
 )
 def test_sizes_that_follow_a_dynamic_batch(model, tail, rng):
     """TVM's converters passed the fx nodes of symbolic sizes to ``zeros`` (empty) and ``tile``
-    (repeat), and its legalizer refused a negative slice axis over a symbolic dim: each failed
-    with ``dynamic_batch=True`` and built with a static batch."""
+    (repeat), and its legalizer refused a negative slice axis over a symbolic dim and a
+    slice_scatter across it: each failed with ``dynamic_batch=True`` and built with a static
+    batch."""
     x = _floats(rng, 3, *tail)
     mod, params = tvmamp.from_torch(model.eval(), (torch.from_numpy(x),), dynamic_batch=True)
     exe = tvmamp.build(mod, "O0", TARGET, params=params)

@@ -34,3 +34,25 @@ def test_built_at_two_batch_sizes(rng):
     for batch in (2, 5):
         x = rng.standard_normal((batch, 12)).astype("float32")
         np.testing.assert_array_equal(exe(x), x[:, 1:] * 2)
+
+
+def test_a_slice_scatter_over_a_whole_symbolic_axis_builds(rng):
+    """torch.export writes ``y[:, :, 1:] = x[:, :, :-1]`` as a slice_scatter along axis 2 inside
+    one across the whole batch (0 to ``n`` by 1), which topi could not build ("Expect value to
+    be constant int"): that one is its source."""
+    n = tvm.tirx.Var("n", "int64")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((n, 4, 8), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            zeros = bb.emit(relax.op.zeros_like(x))
+            shifted = bb.emit(relax.op.strided_slice(x, [2], [0], [7]))
+            inner = bb.emit(relax.op.slice_scatter(zeros, shifted, 1, 8, 1, axis=2))
+            out = bb.emit_output(relax.op.slice_scatter(zeros, inner, 0, n, 1, axis=0))
+        bb.emit_func_output(out)
+    exe = tvmamp.build(bb.get(), "O0", "llvm -num-cores=1")
+    for batch in (2, 3):
+        x = rng.standard_normal((batch, 4, 8)).astype("float32")
+        want = np.zeros_like(x)
+        want[:, :, 1:] = x[:, :, :-1]
+        np.testing.assert_array_equal(exe(x), want)
