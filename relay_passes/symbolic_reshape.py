@@ -56,15 +56,18 @@ def RewriteDataflowReshape(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N8
     stopped with an InternalError. Such a kernel is no reshape: it is swapped for a stub with
     its signature (which the analysis rejects) while the pass runs, and put back after.
     """
+    try:
+        return relax.transform.RewriteDataflowReshape()(mod)
+    except tvm.error.InternalError:  # analysed only where TVM's own analysis failed
+        pass
     unreadable = {
         gv: func
         for gv, func in mod.functions_items()
         if isinstance(func, tirx.PrimFunc) and _is_reshape(func) is None
     }
-    if unreadable:
-        mod = mod.clone()
-        for gv, func in unreadable.items():
-            mod[gv] = func.with_body(tirx.Evaluate(0))
+    mod = mod.clone()
+    for gv, func in unreadable.items():
+        mod[gv] = func.with_body(tirx.Evaluate(0))
     mod = relax.transform.RewriteDataflowReshape()(mod)
     for gv, func in unreadable.items():
         mod[gv] = func
