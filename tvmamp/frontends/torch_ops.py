@@ -358,14 +358,6 @@ def nan_ignoring(extremum):
     return convert
 
 
-def _sizes(values) -> list:
-    """Sizes from an importer's ``retrieve_args``: ints and PrimExprs (symbolic sizes) as int64
-    PrimExprs for a ``ShapeExpr``."""
-    import tvm
-
-    return [tvm.tirx.IntImm("int64", v) if isinstance(v, int) else v for v in values]
-
-
 def empty(node, importer):
     """``empty``/``empty_permuted(size)``: zeros (uninitialised in torch) of sizes that may be
     symbolic. TVM's converter passed the fx nodes of symbolic sizes to ``relax.op.zeros``, and
@@ -378,7 +370,7 @@ def empty(node, importer):
     dtype = importer._convert_data_type(  # pylint: disable=protected-access
         node.kwargs.get("dtype") or torch.get_default_dtype(), importer.env
     )
-    return importer.block_builder.emit(relax.op.zeros(relax.ShapeExpr(_sizes(args[0])), dtype))
+    return importer.block_builder.emit(relax.op.zeros(relax.ShapeExpr(list(args[0])), dtype))
 
 
 def repeat(node, importer):
@@ -395,8 +387,6 @@ def repeat(node, importer):
         return importer.block_builder.emit(relax.op.tile(x, counts))
     dims = list(x.ty.shape.values)
     dims = [1] * (len(counts) - len(dims)) + dims
-    counts = _sizes(counts)
-    dims = _sizes(dims)
     pairs = [v for d in dims for v in (1, d)]
     spread = [v for c, d in zip(counts, dims, strict=True) for v in (c, d)]
     bb = importer.block_builder
