@@ -5,7 +5,7 @@
 # limit and its own log under $OUT, so a step that fails or runs long loses nothing else.
 # `python3 -P`: the repository root must not shadow the installed tvmamp (its subpackages are
 # mapped from relay_passes/, schedules/ and targets/).
-# Usage (device tool): bash bench/device/run.sh [steps], steps from: gpu cuda cpu1 cpu4 cpu16 avx512 intel amx amxc suite
+# Usage (device tool): bash bench/device/run.sh [steps], steps from: gpu cuda cpu1 cpu4 cpu16 avx512 intel amx amxc suite epilogue
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/device_out}
@@ -63,6 +63,15 @@ for s in $steps; do
          TVM_NUM_THREADS=2 run intel_tests 100 python3 -P -m pytest -n 16 -q -p no:cacheprovider \
            -rf tests/relay_passes/test_attention_ops.py tests/relay_passes/test_attention_keys.py \
            tests/schedules/test_cpu_bf16_softmax.py tests/frontends/test_onnx_converters.py ;;
+    epilogue) # test_an_operand_the_epilogue_also_reads[(2, 5, 5)] alone (it ran past the 100 s
+         # timeout on its worker on 2026-11-28), then its steps timed after an AMX kernel, as on
+         # that worker; faulthandler dumps the stacks of a hang
+         to=$(python3 -c 'import pytest_timeout' 2>/dev/null && echo "--timeout 35")
+         # shellcheck disable=SC2086
+         run epilogue 40 python3 -P -m pytest -x -q --tb=long -p no:cacheprovider $to \
+           -o faulthandler_timeout=25 --durations=5 \
+           "tests/schedules/test_cpu_bf16_matmul.py::test_an_operand_the_epilogue_also_reads[(2, 5, 5)]"
+         run epilogue 30 python3 -P bench/device/epilogue_operand.py --amx-first --hang 20 ;;
     amx) TVM_NUM_THREADS=1 run amx_blocking 240 python3 bench/bench_amx_blocking.py \
            --k-blocks 128,256,384,512,768,1024,4096 --n-blocks auto,64,128,256,512 ;;
     amxc) # whole GEMMs in C from the AMX tile step, in several loop orders: no TVM
@@ -72,6 +81,9 @@ for s in $steps; do
 done
 echo; echo "=== summary (logs in \$OUT)"
 for f in "$OUT"/gpu_tests.log "$OUT"/intel_tests.log; do [ -f "$f" ] && tail -8 "$f"; done
+for f in "$OUT"/epilogue.log; do
+  [ -f "$f" ] && grep -E '[0-9.]+s (call|setup|teardown)|: [0-9.]+ s|^err|^nan|^amx|passed|failed|Error|Timeout|^Thread|File ' "$f" | head -60
+done
 for f in "$OUT"/suite.log; do
   [ -f "$f" ] && { grep -E "FAILED|ERROR" "$f" | head -40; grep -c PASSED "$f"; tail -3 "$f"; }
 done
