@@ -11,6 +11,7 @@ from tvm.s_tir.schedule import ScheduleError
 from tvm.target import Target
 from tvm.tirx.analysis import undefined_vars
 
+from . import transpose_intrin as transpose
 from .bf16_conv import im2col_channels, schedule_im2col
 from .common import (
     MAX_WHOLE_VECTOR,
@@ -57,6 +58,10 @@ class CPUElementwise(CPURule):
             schedule_im2col(sch, blocks[0], channels, target)
             return sch
         remaining = try_inline_all(sch, blocks[:-1]) + blocks[-1:]
+        if not static and len(remaining) == 1:
+            replaced = _symbolic_transpose(sch, remaining[0], target)
+            if replaced is not None:
+                return replaced
         try:
             for block in remaining:
                 stmt = sch.get(block)
@@ -84,6 +89,30 @@ class CPUElementwise(CPURule):
         except ScheduleError:
             return None
         return sch
+
+
+def _symbolic_transpose(
+    sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target: Target
+) -> s_tir.Schedule | None:
+    """The kernel of ``block``, a transposing copy over symbolic sizes (the keys of a key-value
+    cache, ``[batch, past + 1, heads, dim] -> [batch, heads, dim, past + 1]``), as 16 x 16
+    register transposes (:func:`.transpose_intrin.symbolic_copy_function`), or None.
+
+    Left to LLVM's loop vectoriser, such a copy ran at 5 GB/s (a 768 x 513 bf16 transpose:
+    0.31 ms, against 0.03 ms for the same copy of static shape); over a dynamic batch, tiled in
+    vector squares, at 8 GB/s (``[b, 513, 12, 64] -> [b, 12, 64, 513]``, 513 positions being no
+    whole tiles).
+    """
+    stmt = sch.get(block)
+    dtype = str(stmt.writes[0].source.dtype)
+    if vector_lanes(target, dtype) < transpose.SIDE:
+        return None
+    copy = transpose.strided_copy(stmt, symbolic=True)
+    if copy is None:
+        return None
+    parallel = use_parallel(target, _num_elements(sch, block))
+    func = transpose.symbolic_copy_function(copy, sch.mod["main"], parallel)
+    return None if func is None else s_tir.Schedule(func)
 
 
 def _static_but_outer(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:

@@ -22,16 +22,20 @@ import dataclasses
 import tvm_ffi
 from tvm import DataType, s_tir, tirx
 from tvm.ir import Range, TensorLoad
+from tvm.ir.expr import Expr
 from tvm.s_tir import TensorIntrin
 from tvm.script import tirx as T
 from tvm.sym import detect_linear_equation
 from tvm.sym.analyzer import Analyzer
 from tvm.target import Target
+from tvm.tirx.analysis import undefined_vars
 
 from .parallel import num_cores, row_chunks
 
 SIDE = 16
 BITS = (16, 32)
+# An extent or a stride: an int, or a PrimExpr of symbolic sizes.
+Size = int | Expr
 
 
 def intrin_name(bits: int) -> str:
@@ -353,18 +357,25 @@ class StridedCopy:
     contiguous in ``dst``, ``outer`` the other axes (see :func:`strided_copy`).
 
     Element ``(o, r, c)`` goes from ``src[src_base + o . outer_src + r + c * cols[1]]`` to
-    ``dst[dst_base + o . outer_dst + r * rows[1] + c]``.
+    ``dst[dst_base + o . outer_dst + r * rows[1] + c]``. Extents and strides are ints, or
+    PrimExprs of the buffers' symbolic sizes (a key-value cache's length).
     """
 
     src: tirx.Buffer
     dst: tirx.Buffer
-    rows: tuple[int, int]  # (extent, dst stride)
-    cols: tuple[int, int]  # (extent, src stride)
-    outer: tuple[tuple[int, int, int], ...]  # (extent, src stride, dst stride)
-    base: tuple[int, int]  # (src, dst)
+    rows: tuple[Size, Size]  # (extent, dst stride)
+    cols: tuple[Size, Size]  # (extent, src stride)
+    outer: tuple[tuple[Size, Size, Size], ...]  # (extent, src stride, dst stride)
+    base: tuple[Size, Size]  # (src, dst)
+
+    @property
+    def static(self) -> bool:
+        """Whether every extent and stride is an int."""
+        sizes = [*self.rows, *self.cols, *self.base, *(v for axis in self.outer for v in axis)]
+        return all(isinstance(v, int) for v in sizes)
 
 
-def strided_copy(block: s_tir.SBlock) -> StridedCopy | None:
+def strided_copy(block: s_tir.SBlock, symbolic: bool = False) -> StridedCopy | None:
     """``block`` as a :class:`StridedCopy` whose two transposed extents are at least 16, or None.
 
     None unless the block only stores one load of another buffer, as it is or rounded from
@@ -372,6 +383,10 @@ def strided_copy(block: s_tir.SBlock) -> StridedCopy | None:
     element written once); and reads at an offset affine in its iterators (``//`` and ``%``
     of a reshape simplified away). Only such a copy may be run in overlapping tiles: a tile
     written twice gets the same values twice.
+
+    Static shapes only, unless ``symbolic``: then extents and strides may be expressions of
+    the buffers' symbolic sizes, and a symbolic transposed extent is not known to be 16 or
+    more (:func:`symbolic_copy_function` checks it at run time).
     """
     store = block.body
     if block.init is not None or block.alloc_buffers or block.match_buffers:
@@ -390,7 +405,9 @@ def strided_copy(block: s_tir.SBlock) -> StridedCopy | None:
     if DataType(str(dst.dtype)).bits * DataType(str(dst.dtype)).lanes not in BITS:
         return None
     static = [iv.dom.extent for iv in block.iter_vars] + list(src.shape) + list(dst.shape)
-    if src.strides or dst.strides or not all(isinstance(e, tirx.IntImm) for e in static):
+    if src.strides or dst.strides:
+        return None
+    if not symbolic and not all(isinstance(e, tirx.IntImm) for e in static):
         return None
     iters = [iv.var for iv in block.iter_vars]
     written = list(store.indices)
@@ -399,7 +416,7 @@ def strided_copy(block: s_tir.SBlock) -> StridedCopy | None:
     if any(a.same_as(b) for k, a in enumerate(written) for b in written[:k]):
         return None  # an element written more than once
     if any(
-        int(iv.dom.extent) > 1 and not any(iv.var.same_as(index) for index in written)
+        _size(iv.dom.extent) != 1 and not any(iv.var.same_as(index) for index in written)
         for iv in block.iter_vars
     ):
         return None  # iterations writing one element, in turn
@@ -414,68 +431,127 @@ def strided_copy(block: s_tir.SBlock) -> StridedCopy | None:
             return None
         strides.append(found)
     (src_strides, src_base), (dst_strides, dst_base) = strides
+    if not symbolic and not all(isinstance(v, int) for v in [*src_strides, *dst_strides]):
+        return None
     axes = [
-        (int(iv.dom.extent), s, d)
+        (_size(iv.dom.extent), s, d)
         for iv, s, d in zip(block.iter_vars, src_strides, dst_strides)
-        if int(iv.dom.extent) > 1
+        if _size(iv.dom.extent) != 1
     ]
-    axes = _coalesce(axes)
-    rows = [axis for axis in axes if axis[1] == 1]
-    cols = [axis for axis in axes if axis[2] == 1]
+    axes = _coalesce(axes, analyzer)
+    rows = [axis for axis in axes if _is_one(axis[1])]
+    cols = [axis for axis in axes if _is_one(axis[2])]
     if len(rows) != 1 or len(cols) != 1 or rows[0] is cols[0]:
         return None
     (row,), (col,) = rows, cols
-    if min(row[0], col[0]) < SIDE:
+    if any(isinstance(e, int) and e < SIDE for e in (row[0], col[0])):
         return None
     outer = tuple(axis for axis in axes if axis is not row and axis is not col)
     return StridedCopy(src, dst, (row[0], row[2]), (col[0], col[1]), outer, (src_base, dst_base))
 
 
+def _size(value) -> Size:
+    """``value`` as an int where it is a constant, else the PrimExpr itself."""
+    return int(value) if isinstance(value, (int, tirx.IntImm)) else value
+
+
+def _is_one(value: Size) -> bool:
+    return isinstance(value, int) and value == 1
+
+
 def _flat_offset(buffer: tirx.Buffer, indices, dtype: str) -> tirx.PrimExpr:
-    """The element offset of ``buffer[indices]`` from the first element of ``buffer`` (compact,
-    of a static shape), of ``dtype`` (the iterators' integer type)."""
-    shape = [int(extent) for extent in buffer.shape]
-    strides = [1] * len(shape)
-    for i in range(len(shape) - 2, -1, -1):
-        strides[i] = strides[i + 1] * shape[i + 1]
+    """The element offset of ``buffer[indices]`` from the first element of ``buffer`` (compact),
+    of ``dtype`` (the iterators' integer type)."""
+    stride = tirx.IntImm(dtype, 1)
+    strides = []
+    for extent in reversed(list(buffer.shape)):
+        strides.insert(0, stride)
+        stride = stride * _cast(dtype, extent)
     offset = tirx.IntImm(dtype, 0)
     for index, stride in zip(indices, strides):
-        index = index if str(index.ty) == dtype else tirx.Cast(dtype, index)
-        offset = offset + index * tirx.IntImm(dtype, stride)
+        offset = offset + _cast(dtype, index) * stride
     return offset
 
 
-def _affine(analyzer: Analyzer, offset, iters) -> tuple[list[int], int] | None:
-    """``offset`` as ``(coefficients of iters, constant)``, or None when it is not affine."""
+def _cast(dtype: str, value) -> tirx.PrimExpr:
+    if isinstance(value, int):
+        return tirx.IntImm(dtype, value)
+    return value if str(value.ty) == dtype else tirx.Cast(dtype, value)
+
+
+def _affine(analyzer: Analyzer, offset, iters) -> tuple[list[Size], Size] | None:
+    """``offset`` as ``(coefficients of iters, constant)``, or None when it is not affine.
+    Coefficients are ints, or PrimExprs of symbolic sizes (none of ``iters``)."""
     offset = analyzer.simplify(offset)
     found = detect_linear_equation(offset, iters)
-    if len(found) != len(iters) + 1 or not all(isinstance(c, tirx.IntImm) for c in found):
+    if len(found) != len(iters) + 1:
         return None
+    for coefficient in found:
+        if any(v.same_as(i) for v in undefined_vars(coefficient) for i in iters):
+            return None
     linear = found[-1]
     for coefficient, var in zip(found[:-1], iters):
         linear = linear + coefficient * var
-    if not analyzer.can_prove_equal(offset, linear):
+    if not _proven_equal(analyzer, offset, linear, iters):
         return None
-    return [int(c) for c in found[:-1]], int(found[-1])
+    found = [_size(analyzer.simplify(c)) for c in found]
+    return found[:-1], found[-1]
 
 
-def _coalesce(axes: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+# Values each symbolic size takes in turn where TVM's simplifier cannot compare two
+# expressions of it: it does not cancel ``n * v`` against ``v * n``.
+_SAMPLE_SIZES = (1, 2, 17, 1000)
+
+
+def _proven_equal(analyzer: Analyzer, a, b, iters) -> bool:
+    """Whether ``a == b`` for all values of ``iters``: proven by ``analyzer``, or, for
+    expressions of symbolic sizes, proven with each size set to each of
+    :data:`_SAMPLE_SIZES` (products of sizes are polynomials of low degree in each)."""
+    if analyzer.can_prove_equal(a, b):
+        return True
+    sizes = {v for e in (a, b) for v in undefined_vars(e) if not any(v.same_as(i) for i in iters)}
+    if not sizes:
+        return False
+    for value in _SAMPLE_SIZES:
+        values = {v: tirx.IntImm(str(v.ty), value) for v in sizes}
+        if not analyzer.can_prove_equal(_substituted(a, values), _substituted(b, values)):
+            return False
+    return True
+
+
+def _substituted(expr: tirx.PrimExpr, values: dict) -> tirx.PrimExpr:
+    return tvm_ffi.structural_map(expr, [(tirx.Var, lambda v: values.get(v, v))])
+
+
+def _coalesce(axes: list[tuple], analyzer: Analyzer) -> list[tuple]:
     """Merge axes ``u`` and ``v`` that run on as one (``stride_u = extent_v * stride_v`` in both
     ``src`` and ``dst``): an ``h, w`` pair of pixels becomes one axis of ``h * w``."""
+
+    def equal(a, b) -> bool:
+        if isinstance(a, int) and isinstance(b, int):
+            return a == b
+        return analyzer.can_prove_equal(a, b)
+
     axes = list(axes)
     merged = True
     while merged:
         merged = False
         for u, (extent_u, src_u, dst_u) in enumerate(axes):
             for v, (extent_v, src_v, dst_v) in enumerate(axes):
-                if u != v and src_u == extent_v * src_v and dst_u == extent_v * dst_v:
-                    axes[v] = (extent_u * extent_v, src_v, dst_v)
+                if u != v and equal(src_u, extent_v * src_v) and equal(dst_u, extent_v * dst_v):
+                    axes[v] = (_size(analyzer.simplify(_product(extent_u, extent_v))), src_v, dst_v)
                     del axes[u]
                     merged = True
                     break
             if merged:
                 break
     return axes
+
+
+def _product(a: Size, b: Size) -> Size:
+    if isinstance(a, int) and isinstance(b, int):
+        return a * b
+    return _cast("int64", a) * _cast("int64", b)
 
 
 def strided_copy_intrin(
@@ -550,29 +626,85 @@ def _col_chunks(tasks: int, col_tiles: int, cores: int) -> int:
 
 
 def _strided_impl(copy: StridedCopy, parallel: bool, cores: int = 1) -> tirx.PrimFunc:
-    """The implementation of :func:`strided_copy_intrin`: loops calling the 16 x 16 transpose.
+    """The implementation of :func:`strided_copy_intrin`: loops calling the 16 x 16 transpose
+    (:func:`_tile_loops`) over fresh buffers of the copy's shapes."""
+    src = tirx.decl_buffer(copy.src.shape, str(copy.src.dtype), "S")
+    dst = tirx.decl_buffer(copy.dst.shape, str(copy.dst.dtype), "D")
+    body = _tile_loops(copy, src, dst, parallel, cores)
+    root = s_tir.SBlock([], [_whole_region(src)], [_whole_region(dst)], "root", body)
+    return tirx.PrimFunc([src, dst], s_tir.SBlockRealize([], True, root))
+
+
+def symbolic_copy_function(
+    copy: StridedCopy, func: tirx.PrimFunc, parallel: bool
+) -> tirx.PrimFunc | None:
+    """``func``, a kernel whose only block is ``copy`` (a :func:`strided_copy` over symbolic
+    sizes), as 16 x 16 register transposes (:func:`_tile_loops`) where both transposed extents
+    are at least 16 at run time, else its own loops (a cache of fewer than 16 positions).
+
+    TVM's tensorize cannot match a description over symbolic sizes, so the kernel's body is
+    replaced here rather than tensorized as :func:`strided_copy_intrin` does for static shapes.
+    None when ``func``'s root block does not read and write the copy's buffers whole.
+    """
+    realize = func.body
+    if not isinstance(realize, s_tir.SBlockRealize):
+        return None
+    root = realize.block
+    params = [p for p in func.params if tirx.is_buffer_var(p)]
+    if not all(any(p.same_as(b) for p in params) for b in (copy.src, copy.dst)):
+        return None
+    checks = [e >= SIDE for e in (copy.rows[0], copy.cols[0]) if not isinstance(e, int)]
+    tiled = _tile_loops(copy, copy.src, copy.dst, parallel, 1)
+    body = tirx.IfThenElse(tirx.all(*checks), tiled, root.body) if checks else tiled
+    block = s_tir.SBlock(
+        root.iter_vars,
+        root.reads,
+        root.writes,
+        root.name_hint,
+        body,
+        root.init,
+        root.alloc_buffers,
+        root.match_buffers,
+        root.annotations,
+    )
+    return func.with_body(s_tir.SBlockRealize(realize.iter_values, realize.predicate, block))
+
+
+def _whole_region(buffer: tirx.Buffer) -> tirx.BufferRegion:
+    return tirx.BufferRegion(buffer, [Range.from_min_extent(0, n) for n in buffer.shape])
+
+
+def _i64(value: Size) -> tirx.PrimExpr:
+    return _cast("int64", value)
+
+
+def _tile_loops(
+    copy: StridedCopy, src: tirx.Buffer, dst: tirx.Buffer, parallel: bool, cores: int
+) -> tirx.Stmt:
+    """The loops calling the 16 x 16 transpose over ``copy`` from ``src`` to ``dst``.
 
     The parallel loop is ``task``: the outer axes, the row tiles and, when those are fewer than
     ``cores``, chunks of the column tiles (innermost); ``col_tile`` runs the column tiles of a
-    chunk.
+    chunk. The last tile of an extent that is not a multiple of 16 starts 16 before its end
+    (over a symbolic extent: at least 16, see :func:`symbolic_copy_function`).
     """
     src_type, dst_type = str(copy.src.dtype), str(copy.dst.dtype)
     bits = DataType(dst_type).bits * DataType(dst_type).lanes
     to_bf16 = src_type != dst_type
-    src = tirx.decl_buffer(copy.src.shape, src_type, "S")
-    dst = tirx.decl_buffer(copy.dst.shape, dst_type, "D")
     (rows, dst_row_stride), (cols, src_col_stride) = copy.rows, copy.cols
-    row_tiles, col_tiles = -(-rows // SIDE), -(-cols // SIDE)
-    i64 = lambda value: tirx.IntImm("int64", value)  # noqa: E731
+    row_tiles, col_tiles = _tiles(rows), _tiles(cols)
     outer_count = 1
     for extent, _, _ in copy.outer:
-        outer_count *= extent
+        outer_count = _product(outer_count, extent)
     task, col_tile = tirx.Var("task", "int64"), tirx.Var("col_tile", "int64")
 
     def start(tile, extent):  # the last tile of a ragged extent overlaps the one before
-        return tirx.Min(tile * SIDE, i64(extent - SIDE)) if extent % SIDE else tile * SIDE
+        if isinstance(extent, int) and extent % SIDE == 0:
+            return tile * SIDE
+        return tirx.Min(tile * SIDE, _i64(extent) - SIDE)
 
-    chunks = _col_chunks(outer_count * row_tiles, col_tiles, cores) if parallel else 1
+    static = copy.static
+    chunks = _col_chunks(outer_count * row_tiles, col_tiles, cores) if parallel and static else 1
     if chunks > 1:  # the chunk of column tiles is the innermost part of the task
         per_chunk = col_tiles // chunks
         row_task = task // chunks
@@ -580,40 +712,42 @@ def _strided_impl(copy: StridedCopy, parallel: bool, cores: int = 1) -> tirx.Pri
     else:
         per_chunk, row_task = col_tiles, task
         col = start(col_tile, cols)
-    row = start(row_task % row_tiles, rows)
-    src_offset, dst_offset = i64(copy.base[0]), i64(copy.base[1])
-    rest = row_task // row_tiles
+    row = start(tirx.floormod(row_task, _i64(row_tiles)), rows)
+    src_offset, dst_offset = _i64(copy.base[0]), _i64(copy.base[1])
+    rest = tirx.floordiv(row_task, _i64(row_tiles))
     for extent, src_stride, dst_stride in reversed(copy.outer):  # innermost first
-        index = rest % extent
-        rest = rest // extent
-        src_offset, dst_offset = src_offset + index * src_stride, dst_offset + index * dst_stride
-    src_offset = src_offset + row + col * src_col_stride
-    dst_offset = dst_offset + row * dst_row_stride + col
+        index = tirx.floormod(rest, _i64(extent))
+        rest = tirx.floordiv(rest, _i64(extent))
+        src_offset = src_offset + index * _i64(src_stride)
+        dst_offset = dst_offset + index * _i64(dst_stride)
+    src_offset = src_offset + row + col * _i64(src_col_stride)
+    dst_offset = dst_offset + row * _i64(dst_row_stride) + col
     src_bytes, dst_bytes = DataType(src_type).bits // 8, DataType(dst_type).bits // 8
 
     def pointer(buffer, offset, size):
-        first = tirx.address_of(tirx.BufferLoad(buffer, [i64(0)] * len(buffer.shape)))
+        first = tirx.address_of(tirx.BufferLoad(buffer, [_i64(0)] * len(buffer.shape)))
         return tirx.call_intrin("handle", "tirx.handle_add_byte_offset", first, offset * size)
 
     call = tirx.call_extern(
         "void",
         function_name(bits, to_bf16),
         pointer(dst, dst_offset, dst_bytes),
-        i64(dst_row_stride * dst_bytes),
+        _i64(dst_row_stride) * dst_bytes,
         pointer(src, src_offset, src_bytes),
-        i64(src_col_stride * src_bytes),
+        _i64(src_col_stride) * src_bytes,
     )
-    body = tirx.For(col_tile, i64(0), i64(per_chunk), tirx.ForKind.SERIAL, tirx.Evaluate(call))
+    body = tirx.For(col_tile, _i64(0), _i64(per_chunk), tirx.ForKind.SERIAL, tirx.Evaluate(call))
     kind = tirx.ForKind.PARALLEL if parallel else tirx.ForKind.SERIAL
     annotations = {"pragma_import_llvm": llvm_ir(bits, to_bf16)}
-    tasks = outer_count * row_tiles * chunks
-    body = tirx.For(task, i64(0), i64(tasks), kind, body, annotations=annotations)
+    tasks = _product(_product(outer_count, row_tiles), chunks)
+    return tirx.For(task, _i64(0), _i64(tasks), kind, body, annotations=annotations)
 
-    def whole(buffer):
-        return tirx.BufferRegion(buffer, [Range.from_min_extent(0, n) for n in buffer.shape])
 
-    root = s_tir.SBlock([], [whole(src)], [whole(dst)], "root", body)
-    return tirx.PrimFunc([src, dst], s_tir.SBlockRealize([], True, root))
+def _tiles(extent: Size) -> Size:
+    """The 16-wide tiles of ``extent``, the last one partial."""
+    if isinstance(extent, int):
+        return -(-extent // SIDE)
+    return tirx.floordiv(_i64(extent) + (SIDE - 1), SIDE)
 
 
 __all__ = [
@@ -626,5 +760,6 @@ __all__ = [
     "rows_intrin",
     "strided_copy",
     "strided_copy_intrin",
+    "symbolic_copy_function",
     "transpose_intrin",
 ]
