@@ -11,6 +11,7 @@ from tvm.s_tir.dlight.gpu.matmul import auto_inline_producers
 from tvm.s_tir.schedule import LoopRV, SBlockRV
 from tvm.target import Target
 
+from .bf16_common import mark_preproc, reads_only_params, root_blocks
 from .common import (
     CPURule,
     all_static,
@@ -196,7 +197,9 @@ def _schedule(
     vectorize_tile(sch, acc)
     work = math.prod(nominal(e) for e in plan.extents)
     parallel = parallel_with_rows(sch, target, outer, i_outer, work)
-    if plan.pack_b:  # one panel per parallel task (row chunks pack their own)
+    if plan.pack_b and _packs_once(sch, reindex_b, plan):
+        _pack_weight(sch, reindex_b, plan.tile_j)
+    elif plan.pack_b:  # one panel per parallel task (row chunks pack their own)
         _pack_panels(sch, reindex_b, outer if parallel is None else parallel, plan.tile_j)
     if parallel is not None:
         sch.parallel(parallel)
@@ -220,6 +223,43 @@ def _widens_a(block: s_tir.SBlock) -> bool:
         str(block.reads[0].source.dtype) == "bfloat16"
         and str(block.writes[0].source.dtype) == "float32"
     )
+
+
+def _packs_once(sch: s_tir.Schedule, pack: SBlockRV, plan: _Plan) -> bool:
+    """Whether ``B``'s panels are packed by a function of their own (:func:`_pack_weight`):
+    for a GEMM over symbolic rows whose ``B`` has static extents, is read from the kernel's
+    parameters, and is read by no other block of the kernel (its packed copy replaces it
+    among the parameters).
+
+    Packed in the kernel, one panel per column tile, the weight was packed again on every call:
+    a GPT-2 decoder exported with symbolic lengths spent 12 of 13 ms of an fp32 decode step in
+    its Linear kernels, at 11-12 GB/s of weights (onnxruntime reads them at 29).
+    """
+    if isinstance(plan.extents[1], int):
+        return False
+    if any(static_extent(sch.get(loop).extent) is None for loop in sch.get_loops(pack)):
+        return False
+    if not reads_only_params(sch, pack):
+        return False
+    sources = [read.source for read in sch.get(pack).reads]
+    for block in root_blocks(sch):
+        if sch.get(block).same_as(sch.get(pack)):
+            continue
+        if any(r.source.same_as(src) for r in sch.get(block).reads for src in sources):
+            return False
+    return True
+
+
+def _pack_weight(sch: s_tir.Schedule, pack: SBlockRV, tile_j: int) -> None:
+    """Lay ``B[S, J, K]`` out as ``[S, J / tile_j, K, tile_j]`` in a pre-processing block, which
+    ``SplitPreproc`` (:mod:`.bf16_passes`) splits out of the kernel and, for a constant ``B``
+    (a weight), evaluates at compile time."""
+    sch.transform_layout(pack, ("write", 0), lambda s, j, k: (s, j // tile_j, k, j % tile_j))
+    j_loop, k_loop = sch.get_loops(pack)[-2:]
+    j_outer, j_inner = sch.split(j_loop, [None, tile_j])
+    sch.reorder(j_outer, k_loop, j_inner)
+    sch.vectorize(j_inner)
+    mark_preproc(sch, pack)
 
 
 def _pack_panels(sch: s_tir.Schedule, pack: SBlockRV, outer: LoopRV, tile_j: int) -> None:
