@@ -47,12 +47,14 @@ class _Rewriter(PyExprMutator):
         call = self.visit_expr_post_order(call)
         if not any(call.op.same_as(op) for op in _ATTENTION):
             return call
-        written = _written_out(call)
+        written = _written_out(call, self.lookup_binding)
         return call if written is None else written
 
 
-def _written_out(call: relax.Call) -> relax.Expr | None:
-    """The ops ``call`` stands for, or None where it is left to TVM."""
+def _written_out(call: relax.Call, lookup) -> relax.Expr | None:
+    """The ops ``call`` stands for, or None where it is left to TVM. ``lookup(var)``: the
+    value bound to ``var``, or None (a permuted operand's permutation is composed with the
+    decomposition's own, :func:`_permuted`)."""
     attrs = call.attrs
     if attrs.window_size is not None:
         return None
@@ -75,8 +77,8 @@ def _written_out(call: relax.Call) -> relax.Expr | None:
     low = dtype != "float32"
     out_dtype = "float32"
     scores = relax.op.matmul(
-        relax.op.permute_dims(q, [0, 2, 1, 3]),
-        relax.op.permute_dims(k, [0, 2, 3, 1]),
+        _permuted(q, [0, 2, 1, 3], lookup),
+        _permuted(k, [0, 2, 3, 1], lookup),
         out_dtype=out_dtype,
     )
     scores = relax.op.multiply(scores, relax.const(scale, "float32"))
@@ -88,10 +90,30 @@ def _written_out(call: relax.Call) -> relax.Expr | None:
     probs = relax.op.nn.softmax(scores, axis=-1)
     if low:
         probs = relax.op.astype(probs, dtype)
-    out = relax.op.matmul(probs, relax.op.permute_dims(v, [0, 2, 1, 3]), out_dtype=out_dtype)
+    out = relax.op.matmul(probs, _permuted(v, [0, 2, 1, 3], lookup), out_dtype=out_dtype)
     if low:
         out = relax.op.astype(out, dtype)
     return relax.op.permute_dims(out, [0, 2, 1, 3])
+
+
+def _permuted(x: relax.Expr, axes: list[int], lookup) -> relax.Expr:
+    """``permute_dims(x, axes)``, composed with ``x``'s own permutation where ``x`` is bound to
+    one (a key-value cache read as ``(batch, heads, total, head_size)`` and permuted to
+    attention's ``(batch, total, heads, head_size)``): the values then take one permutation,
+    or none, instead of two copies."""
+    value = lookup(x) if isinstance(x, relax.Var) else None
+    if not (isinstance(value, relax.Call) and value.op.same_as(_PERMUTE_DIMS)):
+        return relax.op.permute_dims(x, axes)
+    inner = value.attrs.axes
+    if inner is None:  # a reversal
+        inner = list(range(len(axes)))[::-1]
+    composed = [int(inner[a]) for a in axes]
+    if composed == list(range(len(axes))):
+        return value.args[0]
+    return relax.op.permute_dims(value.args[0], composed)
+
+
+_PERMUTE_DIMS = tvm.ir.Op.get("relax.permute_dims")
 
 
 def _causal_mask(q, k, causal: str) -> relax.Constant:
