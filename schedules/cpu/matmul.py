@@ -227,15 +227,17 @@ def _widens_a(block: s_tir.SBlock) -> bool:
 
 def _packs_once(sch: s_tir.Schedule, pack: SBlockRV, plan: _Plan) -> bool:
     """Whether ``B``'s panels are packed by a function of their own (:func:`_pack_weight`):
-    for a GEMM over symbolic rows whose ``B`` has static extents, is read from the kernel's
-    parameters, and is read by no other block of the kernel (its packed copy replaces it
-    among the parameters).
+    for a GEMM over symbolic rows whose ``B`` is fp32, has static extents, is read from the
+    kernel's parameters, and is read by no other block of the kernel (its packed copy replaces
+    it among the parameters). A bf16 ``B`` keeps its panels in the kernel, which TVM stores as
+    fp32 there (BF16ComputeLegalize): packed apart they would stay bf16, and every
+    multiply would widen them again.
 
     Packed in the kernel, one panel per column tile, the weight was packed again on every call:
     a GPT-2 decoder exported with symbolic lengths spent 12 of 13 ms of an fp32 decode step in
     its Linear kernels, at 11-12 GB/s of weights (onnxruntime reads them at 29).
     """
-    if isinstance(plan.extents[1], int):
+    if isinstance(plan.extents[1], int) or str(sch.get(pack).writes[0].source.dtype) != "float32":
         return False
     if any(static_extent(sch.get(loop).extent) is None for loop in sch.get_loops(pack)):
         return False
