@@ -19,6 +19,7 @@ converter (returns ``None``) whenever its preconditions do not hold:
 * ``Pad`` in constant mode with pads computed at run time (SEW-D), and with constant pads as
   ``relax.nn.pad`` rather than TVM's TE call, so that a pad before a convolution (an export of
   ``padding="same"``) can be folded into it (:mod:`tvmamp.relay_passes.pad_into_conv`).
+* ``Reshape`` of a symbolic scalar to one element, as a shape (:func:`_reshape`);
 * ``Cast`` of a shape to int64 (a no-op: ONNX shapes are int64), which TVM makes a tensor, so
   that a ``Concat`` of it with a shape fails (torchvision's LRASPP and timm's CoaT-Lite
   resize to ``input.shape[-2:]``);
@@ -677,6 +678,24 @@ def _cast(bb, inputs, attr, params, fallback):
     return None
 
 
+def _reshape(bb, inputs, attr, params, fallback):
+    """``Reshape`` of a symbolic scalar (a ``Squeeze`` of a ``Shape`` slice, or arithmetic
+    on such) to one element: the shape ``[value]``, as TVM's ``Unsqueeze`` makes it.
+    ``torch.onnx.export(dynamo=True)`` writes every size it computes so (``batch * heads``,
+    ``past + seq``) before a ``Concat`` into a shape; TVM holds the scalar as a PrimExpr,
+    and its ``Reshape`` accepts tensors only (nn.TransformerEncoder and decoders with a
+    key/value cache, exported with dynamic shapes, failed to import)."""
+    value = inputs[0]
+    if not tvm.ir.is_prim_expr(value):
+        return None
+    shape = _ints(constant_input(params, inputs, 1))
+    if shape == []:
+        return value
+    if shape is not None and len(shape) == 1 and shape[0] in (-1, 1):
+        return relax.ShapeExpr([_i64(value)])
+    return None
+
+
 def _resize(bb, inputs, attr, params, fallback):
     """``Resize`` of an NCHW tensor over symbolic spatial sizes, or to symbolic sizes, given as a
     shape, or by constant scales of 1 on the batch and channels (module docstring). (DeepLabV3's
@@ -852,6 +871,7 @@ def _clip(bb, inputs, attr, params, fallback):
 
 OVERRIDES = {
     "Cast": _cast,
+    "Reshape": _reshape,
     "Resize": _resize,
     "Concat": _concat,
     "MaxPool": _pool,
