@@ -1,5 +1,5 @@
 """tvmamp.from_onnx on the shape arithmetic of torch.onnx.export(dynamo=True) with dynamic
-shapes: symbolic sizes reshaped to one element."""
+shapes: symbolic sizes reshaped to one element, and a ``-1`` next to a cache length."""
 
 import io
 
@@ -57,6 +57,70 @@ def test_a_symbolic_size_reshaped_to_one_element_is_a_shape(rng, op):
     for shape in [(2, 5, 3), (3, 4, 3)]:
         x = rng.standard_normal(shape).astype(np.float32)
         np.testing.assert_allclose(np.asarray(exe(x)), run_ort(model, x=x), rtol=0, atol=0)
+
+
+def _cache_heads():
+    """``cat([past, new], 2).reshape(-1, past + seq, 16)``, the shape read off the concat (a
+    GPT-2 or LLaMA with a key/value cache, exported with dynamic shapes)."""
+    nodes = [
+        h.make_node("Concat", ["past", "new"], ["kv"], axis=2),
+        h.make_node("Shape", ["kv"], ["tail"], start=2, end=4),
+        h.make_node("Concat", ["minus_one", "tail"], ["shape"], axis=0),
+        h.make_node("Reshape", ["kv", "shape"], ["flat"]),
+        h.make_node("Transpose", ["flat"], ["y"], perm=[0, 2, 1]),
+    ]
+    return onnx_model(
+        nodes,
+        [
+            h.make_tensor_value_info("past", TP.FLOAT, ["batch", 4, "past_len", 16]),
+            h.make_tensor_value_info("new", TP.FLOAT, ["batch", 4, "seq", 16]),
+        ],
+        [h.make_tensor_value_info("y", TP.FLOAT, ["n", 16, "total"])],
+        [_ints("minus_one", [-1])],
+        opset=20,
+    )
+
+
+def test_minus_one_beside_a_cache_length_is_the_leftover_dims(rng):
+    model = _cache_heads()
+    mod, params = tvmamp.from_onnx(model)
+    # the -1 is batch * 4, not batch * (past_len + seq) * 64 // (past_len * 16 + seq * 16)
+    assert "//" not in mod.script()
+    for level, tol in (("O0", 1e-6), ("O2", 1e-2)):
+        exe = tvmamp.build(mod, level, TARGET, params=params)
+        for b, p, s in [(2, 3, 5), (3, 1, 1)]:
+            past = rng.standard_normal((b, 4, p, 16)).astype(np.float32)
+            new = rng.standard_normal((b, 4, s, 16)).astype(np.float32)
+            ref = run_ort(model, past=past, new=new)
+            out = np.asarray(exe(past, new), dtype=np.float32)
+            np.testing.assert_allclose(out, ref, rtol=tol, atol=tol * float(np.abs(ref).max()))
+
+
+def test_a_minus_one_whose_dims_do_not_cancel_is_left_to_tvm(rng):
+    """``x.reshape(-1, len(y))``: ``len(y)`` cancels none of ``x``'s dims, TVM's quotient
+    ``a * 6 // c`` stands."""
+    nodes = [
+        h.make_node("Shape", ["y"], ["c"]),
+        h.make_node("Concat", ["minus_one", "c"], ["shape"], axis=0),
+        h.make_node("Reshape", ["x", "shape"], ["z"]),
+    ]
+    model = onnx_model(
+        nodes,
+        [
+            h.make_tensor_value_info("x", TP.FLOAT, ["a", 6]),
+            h.make_tensor_value_info("y", TP.FLOAT, ["c"]),
+        ],
+        [h.make_tensor_value_info("z", TP.FLOAT, ["n", "c"])],
+        [_ints("minus_one", [-1])],
+        opset=20,
+    )
+    mod, params = tvmamp.from_onnx(model)
+    assert "a * 6 // c" in mod.script()
+    exe = tvmamp.build(mod, "O0", TARGET, params=params)
+    for a, c in [(2, 3), (1, 2)]:
+        x = rng.standard_normal((a, 6)).astype(np.float32)
+        y = rng.standard_normal((c,)).astype(np.float32)
+        np.testing.assert_allclose(np.asarray(exe(x, y)), run_ort(model, x=x, y=y), atol=0)
 
 
 def test_dynamo_export_of_multihead_attention_with_dynamic_shapes(rng):

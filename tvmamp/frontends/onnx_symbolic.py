@@ -19,7 +19,9 @@ converter (returns ``None``) whenever its preconditions do not hold:
 * ``Pad`` in constant mode with pads computed at run time (SEW-D), and with constant pads as
   ``relax.nn.pad`` rather than TVM's TE call, so that a pad before a convolution (an export of
   ``padding="same"``) can be folded into it (:mod:`tvmamp.relay_passes.pad_into_conv`).
-* ``Reshape`` of a symbolic scalar to one element, as a shape (:func:`_reshape`);
+* ``Reshape`` of a symbolic scalar to one element, as a shape (:func:`_reshape`), and of a
+  tensor over symbolic dims to a shape with a ``-1``, that dim given as the input's dims the
+  others do not cancel (:func:`_reshape_inferred`; TVM's quotient defeats codegen);
 * ``Cast`` of a shape to int64 (a no-op: ONNX shapes are int64), which TVM makes a tensor, so
   that a ``Concat`` of it with a shape fails (torchvision's LRASPP and timm's CoaT-Lite
   resize to ``input.shape[-2:]``);
@@ -687,13 +689,77 @@ def _reshape(bb, inputs, attr, params, fallback):
     key/value cache, exported with dynamic shapes, failed to import)."""
     value = inputs[0]
     if not tvm.ir.is_prim_expr(value):
-        return None
+        return _reshape_inferred(inputs[0], constant_input(params, inputs, 1), attr)
     shape = _ints(constant_input(params, inputs, 1))
     if shape == []:
         return value
     if shape is not None and len(shape) == 1 and shape[0] in (-1, 1):
         return relax.ShapeExpr([_i64(value)])
     return None
+
+
+def _reshape_inferred(data, shape, attr):
+    """``Reshape`` of a tensor with symbolic dims to a shape (computed at run time) with one
+    ``-1``, that dim given as the input's dims left over once the target's other dims are
+    cancelled against them. Relax infers ``-1`` as the quotient of two products, which it
+    cannot simplify when a dim is a sum: ``[batch, 4, past + seq, 16] -> [-1, past + seq,
+    16]`` gave ``batch * (past + seq) * 64 // (past * 16 + seq * 16)``, a kernel over which
+    LLVM codegen failed ("Binding of variable rmod ... conflicts"), in every decoder with a
+    key/value cache exported by ``torch.onnx.export(dynamo=True)`` with dynamic shapes.
+    None where the dims do not cancel so (TVM's converter then infers it)."""
+    dims = _dims(data)
+    if not isinstance(shape, relax.ShapeExpr) or dims is None:
+        return None
+    target = [int_or_expr(d) for d in shape.values]
+    if sum(1 for d in target if isinstance(d, int) and d == -1) != 1 or any(
+        isinstance(d, int) and d < -1 for d in target
+    ):
+        return None
+    if not attr.get("allowzero", 0):  # 0 copies the input's dim
+        target = [dims[k] if isinstance(d, int) and d == 0 else d for k, d in enumerate(target)]
+    if any(isinstance(d, int) and d == 0 for d in target) or all(_static(d) for d in dims):
+        return None
+    known = [d for d in target if not (isinstance(d, int) and d == -1)]
+    inferred = _quotient(dims, known)
+    if inferred is None:
+        return None
+    out = [inferred if isinstance(d, int) and d == -1 else _i64(d) for d in target]
+    return relax.op.reshape(data, relax.ShapeExpr(out))
+
+
+def _factors(dims) -> tuple[int, list]:
+    """The product of ``dims`` as a constant and a list of symbolic factors."""
+    constant, symbolic = 1, []
+    pending = list(dims)
+    while pending:
+        dim = pending.pop()
+        if _static(dim):
+            constant *= int(dim)
+        elif isinstance(dim, tirx.Mul):
+            pending += [dim.a, dim.b]
+        else:
+            symbolic.append(dim)
+    return constant, symbolic
+
+
+def _quotient(dims, known):
+    """``prod(dims) / prod(known)`` as a product of the factors of ``dims`` that ``known``'s
+    do not cancel, or None where some factor of ``known`` cancels none, or the constants do
+    not divide."""
+    top, numerator = _factors(dims)
+    bottom, denominator = _factors(known)
+    if bottom == 0 or top % bottom:
+        return None
+    analyzer = _shape_analyzer(*numerator, *denominator)
+    for factor in denominator:
+        equal = [k for k, n in enumerate(numerator) if analyzer.can_prove_equal(n, factor)]
+        if not equal:
+            return None
+        numerator.pop(equal[0])
+    result = tirx.IntImm("int64", top // bottom)
+    for factor in numerator:
+        result = result * _i64(factor)
+    return analyzer.simplify(result)
 
 
 def _resize(bb, inputs, attr, params, fallback):
