@@ -1,5 +1,6 @@
-"""tvmamp.from_onnx on the shape arithmetic of torch.onnx.export(dynamo=True) with dynamic
-shapes: symbolic sizes reshaped to one element, and a ``-1`` next to a cache length."""
+"""tvmamp.from_onnx on the shape arithmetic of exports with dynamic shapes: symbolic sizes
+reshaped to one element and a ``-1`` next to a cache length (torch.onnx.export(dynamo=True)),
+a slice from minus a size (the legacy exporter, as optimum runs it)."""
 
 import io
 
@@ -150,3 +151,36 @@ def test_dynamo_export_of_multihead_attention_with_dynamic_shapes(rng):
         x = rng.standard_normal(shape).astype(np.float32)
         ref = run_ort(model, **{name: x})
         np.testing.assert_allclose(np.asarray(exe(x)), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_a_slice_from_minus_a_symbolic_size_counts_from_the_end(rng):
+    """``x[:, -seq:]`` as the legacy exporter writes it (T5's position bias, exported by
+    optimum): the start is ``Neg`` of a size, a negative symbolic bound."""
+    nodes = [
+        h.make_node("Shape", ["y"], ["y_shape"]),
+        h.make_node("Gather", ["y_shape", "one"], ["seq"], axis=0),
+        h.make_node("Neg", ["seq"], ["minus_seq"]),
+        h.make_node("Unsqueeze", ["minus_seq", "zero"], ["starts"]),
+        h.make_node("Slice", ["x", "starts", "end", "axis"], ["tail"]),
+        h.make_node("Add", ["tail", "y"], ["z"]),
+    ]
+    model = onnx_model(
+        nodes,
+        [
+            h.make_tensor_value_info("x", TP.FLOAT, ["batch", "n", 4]),
+            h.make_tensor_value_info("y", TP.FLOAT, ["batch", "seq", 4]),
+        ],
+        [h.make_tensor_value_info("z", TP.FLOAT, ["batch", "seq", 4])],
+        [
+            nh.from_array(np.array(1, np.int64), "one"),
+            _ints("zero", [0]),
+            _ints("end", [2**63 - 1]),
+            _ints("axis", [1]),
+        ],
+    )
+    mod, params = tvmamp.from_onnx(model)
+    exe = tvmamp.build(mod, "O0", TARGET, params=params)
+    for b, n, s in [(2, 7, 3), (1, 4, 4)]:
+        x = rng.standard_normal((b, n, 4)).astype(np.float32)
+        y = rng.standard_normal((b, s, 4)).astype(np.float32)
+        np.testing.assert_allclose(np.asarray(exe(x, y)), run_ort(model, x=x, y=y), atol=1e-6)

@@ -8,7 +8,7 @@ converter (returns ``None``) whenever its preconditions do not hold:
 
 * ``Range`` over a symbolic start or limit with a constant integer delta (XLNet, ConvBERT);
 * ``Slice`` "to the end" (``INT64_MAX``) or with negative constant bounds on a symbolic axis
-  (MPT, WavLM);
+  (MPT, WavLM), or from minus a size (T5's ``bias[:, :, -seq:]``, :func:`_negative`);
 * ``Gather`` of a shape: a shape held in a variable, or a constant index picking static dims
   (DeBERTa v1's ``chunk``), or permuting all of them (onnxruntime's transpose optimiser
   writes ``Shape(Transpose(x))`` so; its ``Split`` of a shape becomes ``Slice`` nodes before
@@ -465,9 +465,10 @@ def _range(bb, inputs, attr, params, fallback):
 
 
 def _slice_bound(value, dim):
-    """A Slice bound on an axis of size ``dim``, as ONNX clamps it."""
+    """A Slice bound on an axis of size ``dim``, as ONNX clamps it (a symbolic bound that is
+    negative for every positive size counts from the end, as a constant one does)."""
     if not isinstance(value, int):
-        return value
+        return _shape_analyzer(dim).simplify(dim + value) if _negative(value) else value
     if value >= _END:
         return dim
     if value <= -_END:
@@ -495,12 +496,24 @@ def _slice(bb, inputs, attr, params, fallback):
     axes, starts, ends = found
     constants = [b for b in starts + ends if isinstance(b, int)]
     symbolic = len(constants) < 2 * len(axes) or not all(_static(dims[a]) for a in axes)
-    if not symbolic or all(0 <= b < _END for b in constants):
+    negative = any(_negative(b) for b in starts + ends if not isinstance(b, int))
+    if not symbolic or (all(0 <= b < _END for b in constants) and not negative):
         return None
     starts = [relax.prim_value(_slice_bound(b, dims[a])) for a, b in zip(axes, starts)]
     ends = [relax.prim_value(_slice_bound(b, dims[a])) for a, b in zip(axes, ends)]
     ones = [relax.prim_value(_i64(1))] * len(axes)
     return relax.op.strided_slice(inputs[0], axes, starts, ends, ones, assume_inbound=True)
+
+
+def _negative(value) -> bool:
+    """Whether a symbolic bound is negative for all positive sizes (``-seq``: the legacy
+    exporter's ``x[:, :, -seq:]``, T5's position bias). TVM's converter and Relax take such a
+    start as it is: T5's encoder exported by optimum sliced ``2 * seq`` rows off a ``seq``
+    axis and refused every input at run time."""
+    analyzer = Analyzer()
+    for var in tirx.analysis.undefined_vars(value):
+        analyzer.update(var, ConstIntBound(1, ConstIntBound.POS_INF), override=True)
+    return analyzer.can_prove(value < 0)
 
 
 def _slice_args(inputs, params, rank):
