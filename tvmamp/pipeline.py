@@ -33,7 +33,13 @@ from tvm import relax
 
 from tvmamp.conversion import Converted
 from tvmamp.executable import Executable
-from tvmamp.relay_passes import low_reductions, nan_ops, slice_axes, symbolic_reshape
+from tvmamp.relay_passes import (
+    low_reductions,
+    nan_ops,
+    slice_axes,
+    symbolic_concat,
+    symbolic_reshape,
+)
 from tvmamp.relay_passes.branches import OutlineBranches
 from tvmamp.relay_passes.size_checks import CollectSizeChecks, InsertSizeChecks
 from tvmamp.relay_passes.size_params import SizeParamsAsShapes
@@ -84,12 +90,14 @@ def legalize_passes(target=None, entry=None) -> list:
         **low_reductions.LEGALIZE_MAP,
         **nan_ops.LEGALIZE_MAP,
         **symbolic_reshape.LEGALIZE_MAP,
+        **symbolic_concat.LEGALIZE_MAP,
         **slice_axes.LEGALIZE_MAP,
         **(entry.legalize_rules(target) if entry is not None else {}),
     }
     return [
         # low reductions add up in fp32; ReLU, clip, maximum and minimum keep NaN; a symbolic
-        # reshape TVM cannot prove a view stays one; a slice's negative axes count from the end
+        # reshape TVM cannot prove a view stays one; a symbolic concatenation stays fusable; a
+        # slice's negative axes count from the end
         relax.transform.LegalizeOps(rules),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),
