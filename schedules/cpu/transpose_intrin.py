@@ -530,7 +530,7 @@ def _coalesce(axes: list[tuple], analyzer: Analyzer) -> list[tuple]:
     def equal(a, b) -> bool:
         if isinstance(a, int) and isinstance(b, int):
             return a == b
-        return analyzer.can_prove_equal(a, b)
+        return analyzer.can_prove_equal(_cast("int64", a), _cast("int64", b))
 
     axes = list(axes)
     merged = True
