@@ -163,7 +163,24 @@ def _make_plan(
         tile_i=min(config.tile_i, rows),
         tile_j=tile_j,
         unroll_k=largest_divisor(depth, config.unroll_k) if isinstance(extents[3], int) else 1,
-        pack_b=dense or rows >= config.pack_min_rows,
+        pack_b=dense or (rows >= config.pack_min_rows and not _in_place(block, extents, tile_j)),
+    )
+
+
+def _in_place(block: s_tir.SBlock, extents: list, tile_j: int) -> bool:
+    """Whether an fp32 ``[K, J]`` ``B`` is read in place over symbolic rows: ``J`` is static,
+    at most two column tiles and needs no padding, so each row of ``B`` is one or two tiles'
+    width already (attention's ``probs @ v`` over a run-time number of keys, ``v`` of 64
+    columns). Packed in the kernel on every call, its panels cost a copy of ``B`` with a bounds
+    check per element. A bf16 ``B`` keeps the panels, which TVM stores as fp32: read in place,
+    every multiply would widen it again, on the FMA ports of Intel cores."""
+    _, rows, cols, _ = extents
+    return (
+        str(block.reads[1].source.dtype) == "float32"
+        and not isinstance(rows, int)
+        and isinstance(cols, int)
+        and cols % tile_j == 0
+        and cols <= 2 * tile_j
     )
 
 

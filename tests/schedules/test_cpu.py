@@ -234,6 +234,27 @@ def test_attention_over_a_symbolic_length(body, operands):
         np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize(("dtype", "in_place"), [("float32", True), ("bfloat16", False)])
+def test_values_of_whole_tiles_over_a_symbolic_length(dtype, in_place):
+    """``p @ v`` over ``n`` keys, ``v`` of 64 columns (two column tiles, no padding): an fp32
+    ``v`` is read in place, each of its rows two panels' width already (packed in the kernel
+    on every call, it cost a copy of ``v`` with a bounds check per element: an fp32 decoder's
+    step over its cache). A bf16 ``v`` keeps its panels, which TVM stores as fp32."""
+    b, n = tvm.tirx.Var("b", "int64"), tvm.tirx.Var("n", "int64")
+    inputs = {"p": ((b, n, n), dtype), "v": ((b, n, 64), dtype)}
+    mod = _module(inputs, _context)
+    kernel = _schedule(mod)["matmul"]
+    assert ("v_reindex" not in kernel.script()) == in_place
+    assert "T.vectorized" in kernel.script()
+    rng = np.random.default_rng(7)
+    np_dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype
+    for batch, length in ((1, 1), (2, 9), (3, 77)):
+        p, v = (_randn(rng, (batch, length, c), np_dtype) for c in (length, 64))
+        out, _ = _run(mod, p, v)
+        ref = p.astype("float64") @ v.astype("float64")
+        np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-4)
+
+
 @pytest.mark.parametrize("batch", [1, 3])
 def test_batch_matmul_over_a_symbolic_batch(batch):
     """An attention's ``q @ k`` under a dynamic batch: both operands are run-time tensors
