@@ -260,7 +260,18 @@ class _Rewriter(PyExprMutator):
             self._casts.pop()
 
     def visit_match_cast_(self, binding):
-        value = self.visit_expr(binding.value)
+        value = binding.value
+        if isinstance(value, relax.Call):
+            # a match_cast of a call, not of a variable (the ONNX importer checks a concat's
+            # size at run time so): the call is converted as the value of a binding of its
+            # own. Visited as a plain expression, a concat of a low and an fp32 input failed
+            # ("Concat expects all input tensors to have the same dtype", optimum's ViT at O2).
+            kind = relax.DataflowVar if isinstance(binding.var, relax.DataflowVar) else relax.Var
+            temp = kind(f"{binding.var.name}_value", value.ty)
+            self.visit_var_binding_(relax.VarBinding(temp, value))
+            value = self.visit_expr(temp)
+        else:
+            value = self.visit_expr(value)
         declared = binding.ty
         if isinstance(declared, relax.TensorType) and str(declared.dtype) in FLOAT_DTYPES:
             value = self._to_dtype(value, str(declared.dtype))

@@ -441,6 +441,31 @@ def test_dynamic_shapes_and_match_cast():
     assert str(out["main"].ret_ty.dtype) == "float32"
 
 
+def test_a_match_cast_of_a_concat_converts_the_concat():
+    """``match_cast(concat([cls, x @ w]))``, the call itself the match_cast's value (the ONNX
+    importer checks a concat's size at run time so: optimum's ViT over a dynamic batch). At
+    O2 the concat reads a low GEMM and an fp32 input; visited as a plain expression it kept
+    both dtypes ("Concat expects all input tensors to have the same dtype")."""
+    n = tvm.tirx.Var("n", "int64")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((n, 4, 8), "float32"))
+    cls = relax.Var("cls", relax.TensorType((n, 1, 8), "float32"))
+    w = relax.Var("w", relax.TensorType((8, 8), "float32"))
+    with bb.function("main", [x, cls, w]):
+        with bb.dataflow():
+            patches = bb.emit(relax.op.matmul(x, w))
+            joined = relax.op.concat([cls, patches], axis=1)
+            tokens = bb.match_cast(joined, relax.TensorType((n, 5, 8), "float32"))
+            out = bb.emit_output(relax.op.nn.relu(tokens))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    (cast,) = [b for b in mod["main"].body.blocks[0].bindings if isinstance(b, relax.MatchCast)]
+    assert isinstance(cast.value, relax.Call)  # the case under test
+    out, report = run(mod, "O2", "bfloat16")
+    assert str(out["main"].ret_ty.dtype) == "float32"
+    assert report.as_dict()["ops_per_dtype"]["bfloat16"] >= 2  # the GEMM and the concat
+
+
 def test_o0_is_identity():
     out, report = run(MLP, "O0")
     tvm.ir.assert_structural_equal(out, MLP)
