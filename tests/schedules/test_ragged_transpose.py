@@ -14,6 +14,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 import tvm
+from copies import TRANSPOSE_CALL, bits, numpy_dtype, target
 from forced_cpus import forced, runs_here
 from tvm import relax, s_tir, te
 
@@ -21,24 +22,6 @@ from tvmamp.pipeline import legalize_passes
 from tvmamp.schedules.cpu import cpu_schedule_passes
 from tvmamp.schedules.cpu import transpose_intrin as transpose
 from tvmamp.schedules.cpu.elementwise import CPUElementwise
-
-# The extern functions of the 16 x 16 transpose (``transpose_intrin.function_name``).
-TRANSPOSE_CALL = '"tvmamp_transpose_16x16_i'
-
-
-def target(cores: int) -> tvm.target.Target:
-    return tvm.target.Target(
-        {"kind": "llvm", "mcpu": "znver4", "mattr": ["-sse4a"], "num-cores": cores}
-    )
-
-
-def numpy_dtype(dtype: str):
-    return ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
-
-
-def bits(array: np.ndarray) -> np.ndarray:
-    """The bit patterns of ``array``: NaN compares equal to itself, -0.0 differs from 0.0."""
-    return array.view(f"uint{array.dtype.itemsize * 8}")
 
 
 def schedule(tensors: list[te.Tensor], cores: int = 2) -> s_tir.Schedule:

@@ -17,28 +17,13 @@ import ml_dtypes
 import numpy as np
 import pytest
 import tvm
+from copies import TRANSPOSE_CALL, bits, numpy_dtype, target
 from tvm import s_tir, te
 
 from tvmamp.schedules.cpu import transpose_intrin as transpose
 from tvmamp.schedules.cpu.elementwise import CPUElementwise
 
-# The extern functions of the 16 x 16 transpose (``transpose_intrin.function_name``).
-TRANSPOSE_CALL = '"tvmamp_transpose_16x16_i'
 COPIES = [("float32", "float32"), ("bfloat16", "bfloat16"), ("float32", "bfloat16")]
-
-
-def target(cores: int) -> tvm.target.Target:
-    return tvm.target.Target(
-        {"kind": "llvm", "mcpu": "znver4", "mattr": ["-sse4a"], "num-cores": cores}
-    )
-
-
-def numpy_dtype(dtype: str):
-    return ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
-
-
-def bits(array: np.ndarray) -> np.ndarray:
-    return array.view(f"uint{array.dtype.itemsize * 8}")
 
 
 def size(name: str) -> tvm.tirx.Var:
