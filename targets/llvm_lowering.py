@@ -35,6 +35,7 @@ from tvm.ir import Var
 from tvm.ir.expr import Expr
 from tvm_ffi.structural import WalkResult
 
+from ..schedules.cpu.bounds import inject_likely
 from ..schedules.cpu.prefetch import inject_prefetch
 from .registry import derived_pass_context
 
@@ -93,7 +94,9 @@ def _pipeline_factory():
     def finalize_host_with_stack_tiles():
         return tvm.transform.Sequential([stack_local_tiles, finalize_host()])
 
-    lower_with_prefetch = tvm.transform.Sequential([inject_prefetch, _large_without_cse(lower)])
+    lower_with_prefetch = tvm.transform.Sequential(
+        [inject_prefetch, inject_likely, _large_without_cse(lower)]
+    )
     return lower_with_prefetch, finalize_host_with_stack_tiles, finalize_device
 
 

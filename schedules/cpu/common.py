@@ -397,7 +397,12 @@ def _reads_transposed(stmt: s_tir.SBlock) -> bool:
 
 
 def tile_fma_gemm(
-    sch: s_tir.Schedule, main: s_tir.schedule.SBlockRV, tile_i: int, tile_j: int, unroll_k: int
+    sch: s_tir.Schedule,
+    main: s_tir.schedule.SBlockRV,
+    tile_i: int,
+    tile_j: int,
+    unroll_k: int,
+    fuse_outer: bool = True,
 ) -> tuple:
     """Split a normalised ``[S, I, J, K]`` gemm into ``(S*J/tj, I/ti, K/uk, uk, ti, tj)`` loops.
 
@@ -413,7 +418,7 @@ def tile_fma_gemm(
     sch.unroll(k_inner)
     sch.unroll(i_inner)
     sch.vectorize(j_inner)
-    return sch.fuse(s, j_outer), i_outer, k_outer
+    return (sch.fuse(s, j_outer) if fuse_outer else j_outer), i_outer, k_outer
 
 
 def vectorize_tile(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> None:

@@ -255,6 +255,32 @@ def test_values_of_whole_tiles_over_a_symbolic_length(dtype, in_place):
         np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-4)
 
 
+SERIAL = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "mattr": ["-sse4a"], "num-cores": 1})
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_scores_over_a_symbolic_key_count_check_only_the_last_tile(dtype):
+    """``q @ k^T`` over ``n`` keys and ``s`` queries (a decode step's scores), one core: the
+    padded panels of ``k^T`` and the padded tiles are bounds-checked ``likely``, so that
+    LoopPartition splits the whole tiles off the last (TVM vectorised the checked loads and
+    stores lane by lane, on every tile). Exact against float64 on both sides of the tiles."""
+    b, s, n = (tvm.tirx.Var(name, "int64") for name in "bsn")
+    inputs = {"q": ((b, 4, s, 64), dtype), "k": ((b, 4, 64, n), dtype)}
+    mod = _module(inputs, lambda bb, q, k: relax.op.matmul(q, k, out_dtype="float32"))
+    with SERIAL:
+        scheduled = tvm.transform.Sequential([*LEGALIZE, *cpu_schedule_passes(SERIAL)])(mod)
+    assert scheduled["matmul"].script().count('"tvmamp.likely_in_bounds"') == 2
+    vm = relax.VirtualMachine(tvm.compile(scheduled, target=SERIAL), tvm.cpu())
+    rng = np.random.default_rng(8)
+    np_dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype
+    for batch, queries, keys in ((1, 1, 1), (1, 1, 31), (2, 1, 32), (1, 3, 33), (2, 9, 65)):
+        q = _randn(rng, (batch, 4, queries, 64), np_dtype)
+        k = _randn(rng, (batch, 4, 64, keys), np_dtype)
+        out = vm["main"](tvm.runtime.tensor(q), tvm.runtime.tensor(k)).numpy()
+        ref = q.astype("float64") @ k.astype("float64")
+        np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-4)
+
+
 @pytest.mark.parametrize("batch", [1, 3])
 def test_batch_matmul_over_a_symbolic_batch(batch):
     """An attention's ``q @ k`` under a dynamic batch: both operands are run-time tensors
