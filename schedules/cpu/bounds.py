@@ -73,19 +73,9 @@ def inject_likely(func: tirx.PrimFunc, _mod, _ctx) -> tirx.PrimFunc:
         block = realize.block
         if KEY not in block.annotations:
             return realize
-        block = s_tir.SBlock(
-            block.iter_vars,
-            block.reads,
-            block.writes,
-            block.name_hint,
-            _likely_checks(block.body),
-            block.init,
-            block.alloc_buffers,
-            block.match_buffers,
-            block.annotations,
-        )
+        realize = _likely_checks(realize)  # the if_then_else of the block's body
         predicate = _likely_predicate(realize.predicate)
-        return s_tir.SBlockRealize(realize.iter_values, predicate, block)
+        return s_tir.SBlockRealize(realize.iter_values, predicate, realize.block)
 
     body = tvm_ffi.structural_mutate(func.body, [(s_tir.SBlockRealize, on_realize)])
     return func if body.same_as(func.body) else func.with_body(body)

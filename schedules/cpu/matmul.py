@@ -144,6 +144,15 @@ class _Plan:
     def pad_j(self) -> bool:
         return not divisible(self.extents[2], self.tile_j)
 
+    @property
+    def symbolic(self) -> bool:
+        return not all(isinstance(e, int) for e in self.extents)
+
+    @property
+    def work(self) -> int:
+        """Multiply-adds, a symbolic extent counted as :data:`.common.NOMINAL_EXTENT`."""
+        return math.prod(nominal(e) for e in self.extents)
+
 
 def _make_plan(
     sch: s_tir.Schedule, main: SBlockRV, target: Target, config: CPUMatmul.Config, dense: bool
@@ -218,8 +227,7 @@ def _schedule(
         bounds.mark(sch, acc)
     inline_epilogue(sch, acc)
     vectorize_tile(sch, acc)
-    work = math.prod(nominal(e) for e in plan.extents)
-    parallel = parallel_with_rows(sch, target, outer, i_outer, work)
+    parallel = parallel_with_rows(sch, target, outer, i_outer, plan.work)
     if plan.pack_b and _packs_once(sch, reindex_b, plan):
         _pack_weight(sch, reindex_b, plan.tile_j)
     elif plan.pack_b:  # one panel per parallel task (row chunks pack their own)
@@ -261,9 +269,7 @@ def _checks_last_tiles(target: Target, plan: _Plan) -> bool:
     over 2049 cached keys (``q @ k^T``, 12 heads, fp32, one thread): 0.62 -> 0.25 ms. A
     parallel kernel keeps the fused loop, whose tasks span the batch and the column tiles.
     """
-    symbolic = not all(isinstance(e, int) for e in plan.extents)
-    work = math.prod(nominal(e) for e in plan.extents)
-    return plan.pack_b and symbolic and not use_parallel(target, work)
+    return plan.pack_b and plan.symbolic and not use_parallel(target, plan.work)
 
 
 def _packs_once(sch: s_tir.Schedule, pack: SBlockRV, plan: _Plan) -> bool:
