@@ -74,6 +74,22 @@ def test_rule_vectorises_the_reductions(name, length, mcpu):
     tvm.compile(sch.mod["main"].with_attr("global_symbol", "main"), target=target)
 
 
+@pytest.mark.parametrize("name", list(CASES))
+def test_partial_results_are_added_as_a_tree(name):
+    """Each reduction's 16 partial results are added in halves (8, 4, 2 wide), not one by one:
+    a chain of 15 dependent adds per row (softmax over 8192 rows of 128: 0.43 -> 0.33 ms)."""
+    target = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 1})
+    mod = FastMath()(_module(CASES[name][0], (3, 5, 96)))
+    (func,) = _kernels(mod, target)
+    with target:
+        sch = CPURowReduction().apply(func, target, False)
+    script = sch.mod.script()
+    reductions = 2  # softmax: max and sum; layer norm: its two sums
+    for width in (16, 8, 4, 2):
+        updates = script.count(f"for ax0 in T.vectorized(T.int64({width})):")
+        assert updates >= reductions, f"{width}-wide partial results: {updates}"
+
+
 @pytest.mark.parametrize("level, dtype", [("O0", "float32"), ("O3", "bfloat16")])
 @pytest.mark.parametrize("name", list(CASES))
 def test_numerics_odd_rows(name, level, dtype):
