@@ -32,6 +32,7 @@ from .common import (
 )
 from .gemv import GemvConfig, find_gemv_block, gemv_config, schedule_gemv
 from .matmul_analysis import b_is_k_contiguous, find_matmul_block, normalize
+from .reduction import place_partials, rfactor_lanes
 
 
 class CPUMatmul(CPURule):
@@ -200,6 +201,9 @@ def _schedule(
     """Tile, pack, vectorise and parallelise the gemm-like block ``main`` in place."""
     dense = b_is_k_contiguous(sch.get(main))
     reindex_a, reindex_b = normalize(sch, main)
+    if dense and _dots(sch.get(main), vector_lanes(target, "float32")):
+        _schedule_dots(sch, main, reindex_a, reindex_b, target)
+        return
     plan = _make_plan(sch, main, target, config, dense)
     if plan.pad_i or plan.pad_j:
         sch.pad_einsum(main, [1, plan.tile_i, plan.tile_j, 1])
@@ -237,6 +241,49 @@ def _schedule(
         sch.parallel(parallel)
     init = sch.decompose_reduction(main, k_outer)
     vectorize_tile(sch, init)
+
+
+def _dots(block: s_tir.SBlock, lanes: int) -> bool:
+    """Whether the normalised ``block`` is one row's dot products with a run-time ``B``: one
+    row (``I = 1``), a symbolic number of columns (``B`` is no weight, whose extents are
+    static), and a static reduction of whole vectors, at least two.
+
+    A decoder's attention scores for one new token, ``q @ k^T`` over the cached keys, read
+    ``k`` as a dense ``B[J, K]``: packed into column panels on every call, it is read through a
+    transposing gather, twice the cache's bytes and more (:func:`_schedule_dots` reads it
+    once, in place).
+    """
+    _, rows, cols, depth = (static_extent(iv.dom.extent) for iv in block.iter_vars)
+    if str(block.writes[0].source.dtype) != "float32":
+        return False
+    return (
+        rows == 1
+        and cols is None
+        and depth is not None
+        and depth % lanes == 0
+        and (depth >= 2 * lanes)
+    )
+
+
+def _schedule_dots(
+    sch: s_tir.Schedule, main: SBlockRV, reindex_a: SBlockRV, reindex_b: SBlockRV, target: Target
+) -> None:
+    """Each output of ``main`` (:func:`_dots`) a dot product of ``A``'s row and a row of ``B``,
+    both read in place: the reduction accumulates ``lanes`` partial results in a register and
+    adds them in halves (:func:`.reduction.rfactor_lanes`), the epilogue runs on each output."""
+    for reindex in (reindex_a, reindex_b):
+        auto_inline_producers(sch, reindex)
+        sch.compute_inline(reindex)
+    acc = sch.cache_write(main, 0, "local")
+    inline_epilogue(sch, acc)
+    lanes = vector_lanes(target, "float32")
+    work = math.prod(nominal(iv.dom.extent) for iv in sch.get(main).iter_vars)
+    partials = rfactor_lanes(sch, main, 3, lanes)
+    row = sch.fuse(*sch.get_loops(main)[:3])
+    if use_parallel(target, work):
+        sch.parallel(row)
+    sch.reverse_compute_at(acc, row, preserve_unit_loops=True)
+    place_partials(sch, partials, row, 1)
 
 
 def _widens_a(block: s_tir.SBlock) -> bool:

@@ -65,8 +65,11 @@ def _is_one(expr: tirx.PrimExpr) -> bool:
 
 
 def _is_einsum_index(expr: tirx.PrimExpr) -> bool:
-    """Return whether ``expr`` is a bare iterator or a constant (not ``y + ky`` as in conv)."""
-    return isinstance(expr, (tirx.Var, tirx.IntImm))
+    """Return whether ``expr`` is a bare iterator or a constant (not ``y + ky`` as in conv).
+
+    A constant may be an unsimplified expression: a slice from index 1 inlined at index 0
+    reads ``x[0 + 1, ...]`` (a decoder's values, ``present[1]``)."""
+    return isinstance(expr, (tirx.Var, tirx.IntImm)) or not undefined_vars(expr)
 
 
 def _region_vars(region) -> set[tirx.Var]:

@@ -143,7 +143,7 @@ def _schedule(sch: s_tir.Schedule, target: Target) -> bool:
     partials = {}
     for info in infos:
         if not info.is_injective():
-            partials[id(info)] = _rfactor(sch, info.block_rv, rows, lanes)
+            partials[id(info)] = rfactor_lanes(sch, info.block_rv, rows, lanes)
     row_loops = sch.get_loops(last)[:rows]
     if all(isinstance(sch.get(loop).extent, (tirx.IntImm, tirx.Var)) for loop in row_loops):
         row = outer = sch.fuse(*row_loops)
@@ -165,7 +165,7 @@ def _schedule(sch: s_tir.Schedule, target: Target) -> bool:
             length = _row_length(sch, info.block_rv, rows) if group > 1 else 0
             _vector_inner(sch, info.block_rv, lanes, length, depth)
         elif partials[id(info)] is not None:
-            _place_partials(sch, partials[id(info)], row, depth)
+            place_partials(sch, partials[id(info)], row, depth)
     return True
 
 
@@ -185,7 +185,7 @@ def _schedule_one_row(
         length = _row_length(sch, block, rows)
         if length is None or length % lanes:
             return False
-        partials = _rfactor(sch, block, rows, lanes, tree=False)  # one combine: no tree
+        partials = rfactor_lanes(sch, block, rows, lanes, tree=False)  # one combine: no tree
         if partials is not None:  # loops (row, lane, chunk): the chunk loop goes outside
             partial = partials[0]
             lane, chunk = sch.get_loops(partial)[1], sch.get_loops(partial)[-1]
@@ -198,7 +198,7 @@ def _schedule_one_row(
 
 def _row_group(count: int, length: int, lanes: int) -> int:
     """Rows one loop iteration handles, stage by stage (4, 2 or 1, dividing ``count``); 1 for
-    rows shorter than two vectors, whose reductions stay scalar (:func:`_rfactor`)."""
+    rows shorter than two vectors, whose reductions stay scalar (:func:`rfactor_lanes`)."""
     if length < 2 * lanes:
         return 1
     for group in (4, 2):
@@ -356,7 +356,7 @@ def _sole_consumer(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
     return all(len(sch.get_consumers(p)) == 1 for p in sch.get_producers(block))
 
 
-def _rfactor(
+def rfactor_lanes(
     sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, rows: int, lanes: int, tree: bool = True
 ) -> list[s_tir.schedule.SBlockRV] | None:
     """Split the reduction of ``block`` into ``lanes`` partial results, and with ``tree`` those
@@ -417,10 +417,10 @@ def _vector_partial(sch: s_tir.Schedule, partial: s_tir.schedule.SBlockRV, depth
     sch.decompose_reduction(partial, chunk)  # the init's copy of the lane loop stays vectorised
 
 
-def _place_partials(
+def place_partials(
     sch: s_tir.Schedule, partials: list, row: s_tir.schedule.LoopRV, depth: int
 ) -> None:
-    """Move a reduction's partial-result blocks (:func:`_rfactor`) under ``row``, the last
+    """Move a reduction's partial-result blocks (:func:`rfactor_lanes`) under ``row``, the last
     first (each before its consumer), and vectorise them."""
     for partial in reversed(partials):
         sch.compute_at(partial, row, preserve_unit_loops=True)
