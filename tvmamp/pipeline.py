@@ -100,6 +100,7 @@ def legalize_passes(target=None, entry=None) -> list:
         # slice's negative axes count from the end
         relax.transform.LegalizeOps(rules),
         relax.transform.AnnotateTIROpPattern(),
+        slice_axes.SlicesIntoReductions(),  # a cache's values fuse into the kernel reading them
         relax.transform.FoldConstant(),
         relax.transform.FuseOps(),
         OrderShapeDefinitions(),  # FuseOps may hoist a call above its sizes' match_cast

@@ -5,7 +5,7 @@ import tvm
 from tvm import relax
 
 import tvmamp
-from tvmamp.relay_passes.slice_axes import LEGALIZE_MAP
+from tvmamp.relay_passes.slice_axes import LEGALIZE_MAP, SlicesIntoReductions
 
 
 def _sliced(axis: int):
@@ -27,6 +27,37 @@ def test_a_negative_axis_is_legalized_as_its_positive_one():
     ``torch.diff(x, dim=-1)`` so, and decoders imported with a dynamic batch did not build."""
     ours = relax.transform.LegalizeOps(LEGALIZE_MAP)(_sliced(-1))
     tvm.ir.assert_structural_equal(ours, relax.transform.LegalizeOps()(_sliced(1)))
+
+
+def _summed_slice(begin: int):
+    """``x[begin] .sum(-1)`` of ``x: (2, n, 64)``: a decoder's keys or values from its cache."""
+    n = tvm.tirx.Var("n", "int64")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((2, n, 64), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.strided_slice(x, [0], [begin], [begin + 1]))
+            out = bb.emit_output(relax.op.sum(y, axis=[2]))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_a_slice_from_any_index_fuses_into_the_reduction_that_reads_it(rng):
+    """TVM calls a slice from index 0 a broadcast and one from index 1 injective, and fuses only
+    the first into a reduction: a decoder's values (``present[1]``) were copied by a kernel of
+    their own before the kernel that reads them. Both now fuse, and match numpy. (A slice read
+    otherwise keeps its pattern: ``test_slices_to_split.py``'s GRU.)"""
+    for begin in (0, 1):
+        with tvm.target.Target("llvm"):
+            passes = [relax.transform.LegalizeOps(LEGALIZE_MAP)]
+            passes += [relax.transform.AnnotateTIROpPattern(), SlicesIntoReductions()]
+            passes += [relax.transform.FuseOps()]
+            fused = tvm.transform.Sequential(passes)(_summed_slice(begin))
+        calls = [b.value for b in fused["main"].body.blocks[0].bindings]
+        assert len(calls) == 1, fused["main"]  # one call: the fused slice and sum
+        exe = tvmamp.build(_summed_slice(begin), "O0", "llvm -num-cores=1")
+        x = rng.standard_normal((2, 37, 64)).astype("float32")
+        np.testing.assert_allclose(exe(x), x[begin : begin + 1].sum(-1), rtol=1e-5, atol=1e-5)
 
 
 def test_built_at_two_batch_sizes(rng):
