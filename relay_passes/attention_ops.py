@@ -14,6 +14,11 @@ merged scores-and-softmax kernel (:mod:`.gemm_softmax`) and the padded keys
 
 The scores, their softmax and the GEMMs' sums are fp32, the inputs and the output keep their
 dtype. A causal mask needs static lengths (a constant mask); a sliding window is left to TVM.
+
+With one query (a decoder's step, :mod:`.decode_step`) the two GEMMs are written as products
+summed over the head dim and over the keys (:func:`_dots`): ``FuseOps`` fuses the key-value
+cache's slices and casts into those kernels, which read the cache in place, where a GEMM's
+operands were copies (the keys' a transposed one) packed again in the kernel.
 """
 
 from __future__ import annotations
@@ -71,16 +76,23 @@ def _written_out(call: relax.Call, lookup) -> relax.Expr | None:
     else:
         return None
     causal = attrs.causal_mask
+    if causal == "BottomRight" and _one_query(q):
+        causal = None  # the last query sees every key
     if causal is not None and (static_shape(q.ty) is None or static_shape(k.ty) is None):
         return None
     dtype = tensor_dtype(q)
     low = dtype != "float32"
     out_dtype = "float32"
-    scores = relax.op.matmul(
-        _permuted(q, [0, 2, 1, 3], lookup),
-        _permuted(k, [0, 2, 3, 1], lookup),
-        out_dtype=out_dtype,
-    )
+    one = _one_query(q) and causal is None
+    if one:
+        scores = _dots(_permuted(q, [0, 2, 1, 3], lookup), _permuted(k, [0, 2, 1, 3], lookup), 3)
+        scores = relax.op.expand_dims(scores, 2)  # [B, H, 1, T], as the matmul's
+    else:
+        scores = relax.op.matmul(
+            _permuted(q, [0, 2, 1, 3], lookup),
+            _permuted(k, [0, 2, 3, 1], lookup),
+            out_dtype=out_dtype,
+        )
     scores = relax.op.multiply(scores, relax.const(scale, "float32"))
     if bias is not None:
         bias = relax.op.astype(bias, "float32") if tensor_dtype(bias) != "float32" else bias
@@ -90,29 +102,65 @@ def _written_out(call: relax.Call, lookup) -> relax.Expr | None:
     probs = relax.op.nn.softmax(scores, axis=-1)
     if low:
         probs = relax.op.astype(probs, dtype)
-    out = relax.op.matmul(probs, _permuted(v, [0, 2, 1, 3], lookup), out_dtype=out_dtype)
+    if one:  # [B, H, 1, T] -> [B, H, T, 1], times the values [B, H, T, D], summed over T
+        weights = relax.op.permute_dims(probs, [0, 1, 3, 2])
+        out = _dots(weights, _permuted(v, [0, 2, 1, 3], lookup), 2)
+        out = relax.op.expand_dims(out, 2)
+    else:
+        out = relax.op.matmul(probs, _permuted(v, [0, 2, 1, 3], lookup), out_dtype=out_dtype)
     if low:
         out = relax.op.astype(out, dtype)
     return relax.op.permute_dims(out, [0, 2, 1, 3])
+
+
+def _one_query(q: relax.Expr) -> bool:
+    """Whether ``q`` (``[batch, queries, heads, dim]``) holds one query: a decoder's step
+    (``relay_passes/decode_step.py`` builds one for a symbolic query length)."""
+    queries = q.ty.shape.values[1]
+    return isinstance(queries, tvm.tirx.IntImm) and queries.value == 1
+
+
+def _dots(a: relax.Expr, b: relax.Expr, axis: int) -> relax.Expr:
+    """``sum(a * b, axis)`` in fp32: for one query, its scores against the keys (``axis`` 3,
+    the head dim) or its values weighed by its probabilities (``axis`` 2, the keys).
+
+    Written as a product and a sum, not a matmul, ``FuseOps`` fuses the cache's slices, casts
+    and (composed away) permutations into the kernel, which reads the cache in place: a
+    matmul's operands are kernels of their own, the keys' a transposed copy. The products of
+    low inputs are exact in fp32, and add up in fp32, as in the matmul with ``out_dtype``."""
+    if tensor_dtype(a) != "float32":
+        a = relax.op.astype(a, "float32")
+    if tensor_dtype(b) != "float32":
+        b = relax.op.astype(b, "float32")
+    return relax.op.sum(relax.op.multiply(a, b), axis=[axis])
 
 
 def _permuted(x: relax.Expr, axes: list[int], lookup) -> relax.Expr:
     """``permute_dims(x, axes)``, composed with ``x``'s own permutation where ``x`` is bound to
     one (a key-value cache read as ``(batch, heads, total, head_size)`` and permuted to
     attention's ``(batch, total, heads, head_size)``): the values then take one permutation,
-    or none, instead of two copies."""
+    or none, instead of two copies. A cast between the two (AMP's low copy of an fp32 cache,
+    ``relay_passes/auto_mixed_precision.py``) is moved after the composed permutation."""
     value = lookup(x) if isinstance(x, relax.Var) else None
+    dtype = None
+    if isinstance(value, relax.Call) and value.op.same_as(_ASTYPE):
+        cast_of = value.args[0]
+        inner = lookup(cast_of) if isinstance(cast_of, relax.Var) else None
+        if isinstance(inner, relax.Call) and inner.op.same_as(_PERMUTE_DIMS):
+            value, dtype = inner, str(value.attrs.dtype)
     if not (isinstance(value, relax.Call) and value.op.same_as(_PERMUTE_DIMS)):
         return relax.op.permute_dims(x, axes)
     inner = value.attrs.axes
     if inner is None:  # a reversal
         inner = list(range(len(axes)))[::-1]
     composed = [int(inner[a]) for a in axes]
-    if composed == list(range(len(axes))):
-        return value.args[0]
-    return relax.op.permute_dims(value.args[0], composed)
+    out = value.args[0]
+    if composed != list(range(len(axes))):
+        out = relax.op.permute_dims(out, composed)
+    return out if dtype is None else relax.op.astype(out, dtype)
 
 
+_ASTYPE = tvm.ir.Op.get("relax.astype")
 _PERMUTE_DIMS = tvm.ir.Op.get("relax.permute_dims")
 
 

@@ -265,6 +265,7 @@ def partition_passes(target: tvm.target.Target, _policy) -> list:
     from tvmamp.relay_passes.conv3d_as_conv2d import Conv3dAsConv2d
     from tvmamp.relay_passes.conv_as_gemm import ConvAsGemm
     from tvmamp.relay_passes.conv_transpose import ConvTransposeToSubPixel
+    from tvmamp.relay_passes.decode_step import SpecializeDecodeStep
     from tvmamp.relay_passes.depthwise_planes import DepthwisePlanes
     from tvmamp.relay_passes.fast_math import FastMath
     from tvmamp.relay_passes.group_norm_as_instance_norm import GroupNormAsInstanceNorm
@@ -287,6 +288,7 @@ def partition_passes(target: tvm.target.Target, _policy) -> list:
         # conv's FMAs (ConvAsGemm's GEMMs, for symbolic image sizes) win
         gemm = Conv2dToGemm("bfloat16", row_tile=None if bf16_dot_at_half_rate(target) else tile)
     first = [
+        SpecializeDecodeStep(),
         GuardTakeIndices(),
         DecomposeAttention(),
         FoldPadIntoConv(),

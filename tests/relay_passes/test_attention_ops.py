@@ -108,6 +108,66 @@ def test_a_cache_read_permuted_takes_one_permutation():
     tvm.ir.assert_structural_equal(relax.transform.Normalize()(written), FromCacheWritten)
 
 
+@I.ir_module
+class OneQuery:
+    """A decoder's step: one query against a symbolic number of cached keys, the cache cast to
+    bf16 between its permutation and the attention (AMP's low copy of an fp32 cache)."""
+
+    @R.function
+    def main(
+        q: R.Tensor((1, 1, 4, 8), "bfloat16"),
+        kc: R.Tensor((1, 4, "n", 8), "float32"),
+        vc: R.Tensor((1, 4, "n", 8), "float32"),
+    ):
+        with R.dataflow():
+            k = R.permute_dims(kc, [0, 2, 1, 3])
+            k1 = R.astype(k, "bfloat16")
+            v = R.permute_dims(vc, [0, 2, 1, 3])
+            v1 = R.astype(v, "bfloat16")
+            o = R.nn.attention(q, k1, v1, scale=0.5)
+            R.output(o)
+        return o
+
+
+@I.ir_module
+class OneQueryWritten:
+    @R.function
+    def main(
+        q: R.Tensor((1, 1, 4, 8), "bfloat16"),
+        kc: R.Tensor((1, 4, "n", 8), "float32"),
+        vc: R.Tensor((1, 4, "n", 8), "float32"),
+    ):
+        with R.dataflow():
+            qt = R.permute_dims(q, [0, 2, 1, 3])
+            q32 = R.astype(qt, "float32")
+            k16 = R.astype(kc, "bfloat16")
+            k32 = R.astype(k16, "float32")
+            s = R.sum(R.multiply(q32, k32), axis=[3])
+            s1 = R.expand_dims(s, 2)
+            s2 = R.multiply(s1, R.const(0.5, "float32"))
+            p = R.nn.softmax(s2, axis=-1)
+            p1 = R.astype(p, "bfloat16")
+            w = R.permute_dims(p1, [0, 1, 3, 2])
+            w32 = R.astype(w, "float32")
+            v16 = R.astype(vc, "bfloat16")
+            v32 = R.astype(v16, "float32")
+            o = R.sum(R.multiply(w32, v32), axis=[2])
+            o1 = R.expand_dims(o, 2)
+            o2 = R.astype(o1, "bfloat16")
+            o3 = R.permute_dims(o2, [0, 2, 1, 3])
+            R.output(o3)
+        return o3
+
+
+def test_one_query_is_dot_products_that_read_the_cache():
+    """One query: the scores and the weighed values are products summed in fp32, which FuseOps
+    fuses with the cache's slices and casts (a matmul's operands were kernels of their own);
+    the cast between the cache's permutation and the attention's moves after the composed
+    permutation, which cancels: no copy of the keys or values is left."""
+    written = relax.transform.DeadCodeElimination()(DecomposeAttention()(OneQuery))
+    tvm.ir.assert_structural_equal(relax.transform.Normalize()(written), OneQueryWritten)
+
+
 def _reference(q, k, v, bias, scale, causal):
     q, k, v = (np.transpose(x.astype("float64"), (0, 2, 1, 3)) for x in (q, k, v))
     s = q @ np.transpose(k, (0, 1, 3, 2)) * scale + bias
@@ -138,3 +198,31 @@ def test_a_built_attention_matches_numpy(dtype, causal, rng):
     want = _reference(*inputs, 0.25, causal)
     tol = 2e-2 if dtype == "bfloat16" else 1e-5
     np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("causal", [None, "BottomRight"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_one_query_over_symbolic_keys_matches_numpy(dtype, causal, rng):
+    """The dot-product form, built (its keys' kernel takes the matmul rule's dot schedule,
+    ``schedules/cpu/matmul.py``), against numpy at two odd key counts."""
+    n = tvm.tirx.Var("n", "int64")
+    bb = relax.BlockBuilder()
+    q = relax.Var("q", relax.TensorType((2, 1, 4, 32), dtype))
+    k, v = (relax.Var(name, relax.TensorType((2, n, 4, 32), dtype)) for name in "kv")
+    bias = relax.Var("b", relax.TensorType((2, 4, 1, n), "float32"))
+    with bb.function("main", [q, k, v, bias]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.nn.attention(q, k, v, bias, causal_mask=causal))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    # a bottom-right causal mask lets the one query see every key: no mask, no TVM kernel
+    assert not DecomposeAttention()(mod)["main"].script().count("R.nn.attention")
+    exe = tvmamp.build(mod, "O0", "llvm -num-cores=1")
+    numpy_dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype
+    for keys in (37, 130):
+        inputs = [rng.standard_normal((2, s, 4, 32)).astype(numpy_dtype) for s in (1, keys, keys)]
+        inputs.append(rng.standard_normal((2, 4, 1, keys)).astype("float32"))
+        got = exe(*inputs).astype("float32")
+        want = _reference(*inputs, 32**-0.5, None)
+        tol = 2e-2 if dtype == "bfloat16" else 1e-5
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol, err_msg=f"{keys} keys")

@@ -1,0 +1,88 @@
+"""SpecializeDecodeStep: a decoder's one-query step as a function of its own, chosen at run
+time, whose attention reads the key-value cache in place."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+import tvm
+from tvm import relax, tirx
+
+import tvmamp
+from tvmamp.relay_passes.decode_step import SpecializeDecodeStep, query_length
+
+
+def _decoder(self_attention: bool = False, queries=None) -> tvm.IRModule:
+    """``present = concat(past, x)``; attention of ``x`` over ``present`` with a bias;
+    returns the attention and ``present`` (onnxruntime's GPT-2 form, one head group).
+    ``self_attention``: ``x`` over itself (an encoder). ``queries``: a static query count."""
+    s = tirx.Var("s", "int64") if queries is None else queries
+    p = tirx.Var("p", "int64")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, s, 4, 32), "float32"))
+    past = relax.Var("past", relax.TensorType((1, p, 4, 32), "float32"))
+    with bb.function("main", [x, past]):
+        with bb.dataflow():
+            if self_attention:
+                out = bb.emit_output(relax.op.nn.attention(x, x, x))
+                present = bb.emit_output(relax.op.concat([past, x], axis=1))
+            else:
+                present = bb.emit_output(relax.op.concat([past, x], axis=1))
+                out = bb.emit_output(relax.op.nn.attention(x, present, present))
+            result = bb.emit_output(relax.Tuple([out, present]))
+        bb.emit_func_output(result)
+    return bb.get()
+
+
+def test_a_symbolic_query_length_is_found():
+    func = _decoder()["main"]
+    (s,) = [v for v in func.params[0].ty.shape.values if isinstance(v, tirx.Var)]
+    assert query_length(func).same_as(s)
+    assert query_length(_decoder(self_attention=True)["main"]) is None  # keys: the same length
+    assert query_length(_decoder(queries=1)["main"]) is None  # static
+
+
+def test_the_function_dispatches_to_a_one_query_copy():
+    mod = SpecializeDecodeStep()(_decoder())
+    names = sorted(gv.name_hint for gv in mod.get_global_vars())
+    assert names == ["main", "main_any", "main_step"]
+    assert "global_symbol" not in mod["main_step"].attrs  # private: only main is exported
+    step_x = mod["main_step"].params[0].ty.shape.values
+    assert isinstance(step_x[1], tirx.IntImm) and step_x[1].value == 1
+    (binding, _) = mod["main"].body.blocks[0].bindings
+    assert isinstance(binding.value, relax.If)
+
+
+@pytest.mark.parametrize("mod", [_decoder(self_attention=True), _decoder(queries=3)])
+def test_other_functions_are_left_alone(mod):
+    tvm.ir.assert_structural_equal(SpecializeDecodeStep()(mod), mod)
+
+
+def _reference(x, past):
+    present = np.concatenate([past, x], axis=1).astype("float64")
+    q, k = (np.transpose(a, (0, 2, 1, 3)) for a in (x.astype("float64"), present))
+    scores = q @ np.transpose(k, (0, 1, 3, 2)) / np.sqrt(x.shape[-1])
+    probs = np.exp(scores - scores.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    return np.transpose(probs @ k, (0, 2, 1, 3)), present
+
+
+@pytest.mark.parametrize(("level", "tol"), [("O0", 1e-5), ("O2", 3e-2)])
+def test_one_query_and_several_match_numpy(level, tol, rng):
+    """Built once, run with one query (the step function) and with three (the general one),
+    over odd cache lengths. At O2 the returned cache is the caller's fp32 values exactly
+    (``relay_passes/auto_mixed_precision.py``, reason ``fp32_cache``)."""
+    exe = tvmamp.build(_decoder(), level, "llvm -num-cores=1", "bfloat16")
+    for queries, cached in ((1, 37), (3, 37), (1, 130)):
+        x = rng.standard_normal((1, queries, 4, 32)).astype("float32")
+        past = rng.standard_normal((1, cached, 4, 32)).astype("float32")
+        out, present = exe(x, past)
+        want, want_present = _reference(x, past)
+        np.testing.assert_allclose(out, want, rtol=tol, atol=tol, err_msg=f"{queries} queries")
+        if level == "O0":
+            np.testing.assert_allclose(present, want_present, rtol=1e-6)
+        else:  # the new keys are the GEMM-free input here, rounded only where attention reads
+            np.testing.assert_array_equal(present[:, :cached], past)
+            rounded = x.astype(ml_dtypes.bfloat16).astype("float32")
+            np.testing.assert_array_equal(np.isin(present[:, cached:], (x, rounded)), True)
