@@ -27,7 +27,8 @@ class NodeDecision:
     # "policy", "feeds_fp32" (O2: its result only feeds fp32 ops), "comparison" (O2: a
     # comparison of a computed fp32 value, kept fp32), "index_values" (computes on
     # positions or counts cast from integers only: kept as written), "quant_params" (computes
-    # only a quantization scale or zero point: kept as written), "custom_fp32_nodes",
+    # only a quantization scale or zero point: kept as written), "fp32_cache" (O2: extends
+    # and returns an fp32 input, as a key-value cache, or views it), "custom_fp32_nodes",
     # "custom_low_nodes", "node_dtypes", "unsupported", "overflow"
     reason: str
 

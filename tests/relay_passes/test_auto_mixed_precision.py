@@ -900,3 +900,43 @@ def test_o2_a_parameter_converts_to_the_low_dtype():
 
     out, _ = run(_scale_and_bias(), "O2")
     tvm.ir.assert_structural_equal(out, Expected)
+
+
+def test_o2_extends_a_returned_fp32_cache_in_fp32():
+    """``present = concat(past, new)``, returned and read through slices by a GEMM (a
+    decoder's key-value cache with an fp32 interface): at O2 the concatenation and its views
+    stay fp32, and the GEMM casts its slice. Run low, the caller's cache was rounded to low
+    and widened back to be returned, every step. A concatenation that is not returned, or
+    that extends no input of the function, follows the policy."""
+
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(
+            x: R.Tensor((1, 8), "float32"),
+            past: R.Tensor((2, "n", 8), "float32"),
+            w: R.Tensor((8, 16), "float32"),
+        ):
+            R.func_attr({"num_input": 2})
+            with R.dataflow():
+                kv = R.reshape(R.matmul(x, w), R.shape([2, 1, 8]))
+                present = R.concat((past, kv), axis=1)
+                keys = R.squeeze(R.strided_slice(present, [0], [0], [1]), [0])
+                scores = R.matmul(x, R.permute_dims(keys))
+                twice = R.concat((x, x), axis=1)
+                doubled = R.concat((w, w), axis=0)  # returned, extends a weight: no input
+                out = R.matmul(twice, doubled)
+                R.output(scores, present, out, doubled)
+            return (scores, present, out, doubled)
+
+    _, report = run(Before, "O2", "bfloat16")
+    decided = {n.op + " " + n.node: (n.dtype, n.reason) for n in report.nodes}
+    kept = [k for k, (dtype, reason) in decided.items() if reason == "fp32_cache"]
+    ops = sorted(k.split()[0] for k in kept)
+    assert ops == ["relax.concat", "relax.permute_dims", "relax.squeeze", "relax.strided_slice"]
+    assert all(decided[k][0] == "float32" for k in kept)
+    others = [v for k, v in decided.items() if k.startswith("relax.concat") and k not in kept]
+    assert others == [("bfloat16", "policy")] * 2
+    # the returned cache is cast back from nothing: no cast of ``present`` in the result
+    _, low_io = run(Before, "O2", "bfloat16", keep_io_types=False)
+    assert not [n for n in low_io.nodes if n.reason == "fp32_cache"]
