@@ -250,3 +250,26 @@ def test_cli_refuses_a_thread_count_the_running_pool_cannot_take(capsys, monkeyp
     other = running + 1
     assert cli.main(["profile", "convnet", "--threads", str(other)]) == 2
     assert f"--threads {other} cannot apply" in capsys.readouterr().err
+
+
+def test_profile_of_a_decoder_step_lists_kernels_not_its_relax_functions(rng):
+    """A decoder built over a symbolic query length calls its one-query step, a Relax function
+    (``relay_passes/decode_step.py``), through an ``If``: the VM calls those functions too,
+    and their time, their kernels' again, was listed as two more kernels (three times the
+    model's time in all)."""
+    s, p = (tvm.tirx.Var(name, "int64") for name in "sp")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, s, 2, 16), "float32"))
+    past = relax.Var("past", relax.TensorType((1, p, 2, 16), "float32"))
+    with bb.function("main", [x, past]):
+        with bb.dataflow():
+            present = bb.emit(relax.op.concat([past, x], axis=1))
+            out = bb.emit_output(relax.op.nn.attention(x, present, present))
+        bb.emit_func_output(out)
+    with debugging.kernel_cost_recording() as costs:
+        exe = tvmamp.build(bb.get(), "O0", "llvm -num-cores=1")
+    inputs = [rng.standard_normal((1, n, 2, 16)).astype("float32") for n in (1, 9)]
+    prof = debugging.profile(exe, inputs, costs=costs, peaks=HUGE, rounds=1)
+    names = {r.name for r in prof.records}
+    assert not any(name.startswith("main") for name in names)
+    assert {r.name for r in prof.records if r.shapes} <= set(costs.scheduled)
