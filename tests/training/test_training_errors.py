@@ -109,6 +109,23 @@ def test_optimizer_hyper_parameters():
         Adam(betas=(0.9, 1.0))
 
 
+def test_an_unknown_optimizer_argument_names_the_valid_ones():
+    """Python's own message named only the keyword ("unexpected keyword argument 'momentm'")."""
+    with pytest.raises(
+        TypeError,
+        match=r"SGD got the unknown argument 'momentm'; it takes lr, "
+        r"momentum, weight_decay, nesterov; did you mean momentum\?",
+    ):
+        SGD(0.1, momentm=0.9)
+    with pytest.raises(
+        TypeError, match=r"Adam got the unknown argument 'beta';.*did you mean betas"
+    ):
+        Adam(beta=0.9)
+    with pytest.raises(TypeError, match="SGD got 5 positional arguments; it takes lr, momentum"):
+        SGD(0.1, 0.9, 0.0, False, 3)
+    assert SGD(lr=0.2, momentum=0.5).momentum == 0.5  # known keywords still pass
+
+
 def test_an_op_without_a_gradient_is_named():
     """TVM registers no gradient for batch_norm: the error names it instead of TVM's internals."""
     mod, _params = models.conv_net(batch=2, channels=4, size=8, blocks=1)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import functools
 import math
 
 import numpy as np
@@ -21,6 +23,34 @@ def _check_number(value, what, low=0.0, high=math.inf, low_open=False):
         raise ValueError(f"tvmamp.training: {what}={value!r} is out of range {bound}{low}, {high})")
 
 
+def _named_arguments(cls):
+    """``cls``'s ``__init__``, refusing an unknown keyword or one positional argument too many
+    with a message that names it and the arguments ``cls`` takes (Python's own names only the
+    keyword: "SGD.__init__() got an unexpected keyword argument 'momentm'")."""
+    init = cls.__init__
+    names = [field.name for field in dataclasses.fields(cls)]
+
+    @functools.wraps(init)
+    def checked(self, *args, **kwargs):
+        unknown = [k for k in kwargs if k not in names]
+        if unknown or len(args) > len(names):
+            what = (
+                f"the unknown argument {unknown[0]!r}"
+                if unknown
+                else f"{len(args)} positional arguments"
+            )
+            close = difflib.get_close_matches(unknown[0], names, n=2) if unknown else []
+            hint = f"; did you mean {' or '.join(close)}?" if close else ""
+            raise TypeError(
+                f"tvmamp.training: {cls.__name__} got {what}; it takes {', '.join(names)}{hint}"
+            )
+        init(self, *args, **kwargs)
+
+    cls.__init__ = checked
+    return cls
+
+
+@_named_arguments
 @dataclasses.dataclass(frozen=True)
 class SGD:
     """Stochastic gradient descent, optionally with (Nesterov) momentum and weight decay.
@@ -61,6 +91,7 @@ class SGD:
         )
 
 
+@_named_arguments
 @dataclasses.dataclass(frozen=True)
 class Adam:
     """Adam (Kingma and Ba), with PyTorch's defaults and L2 weight decay."""
