@@ -100,7 +100,8 @@ def _schedule(sch: s_tir.Schedule, target: Target) -> bool:
         return False
     _inline(sch, infos)
     infos = _infos(sch)
-    if infos is not None and not infos[-1].is_injective() and _writes_a_param(sch, infos[-1]):
+    last_is_result = infos is not None and not _writes_intermediate(sch, infos[-1].block_rv)
+    if last_is_result and not infos[-1].is_injective():
         # a reduction that writes the kernel's result itself (a bare row sum): its result goes
         # through registers and a copy, an injective last block as the rule needs (left
         # unscheduled, a row sum of 2304 x 1024 fp32 was a scalar loop: 8.5 GB/s)
@@ -464,11 +465,6 @@ def _fuse_row_axes(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, rows: in
     """Make the ``rows`` leading axes of ``block`` one axis (row-major), the others kept."""
     extents = [static_extent(iv.dom.extent) for iv in sch.get(block).iter_vars]
     sch.transform_block_layout(block, _leading_fused(extents, rows))
-
-
-def _writes_a_param(sch: s_tir.Schedule, info: SBlockInfo) -> bool:
-    """Whether the block of ``info`` writes one of the kernel's parameters."""
-    return not _writes_intermediate(sch, info.block_rv)
 
 
 def _writes_intermediate(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:

@@ -24,9 +24,9 @@ def _check_number(value, what, low=0.0, high=math.inf, low_open=False):
 
 
 def _named_arguments(cls):
-    """``cls``'s ``__init__``, refusing an unknown keyword or one positional argument too many
-    with a message that names it and the arguments ``cls`` takes (Python's own names only the
-    keyword: "SGD.__init__() got an unexpected keyword argument 'momentm'")."""
+    """Wrap ``cls.__init__`` so that an unknown keyword, or a positional argument too many, is
+    refused with a message naming it and the arguments ``cls`` takes (Python's own names only
+    the keyword: "SGD.__init__() got an unexpected keyword argument 'momentm'")."""
     init = cls.__init__
     names = [field.name for field in dataclasses.fields(cls)]
 
