@@ -132,15 +132,30 @@ def _mask_any_reduction() -> tvm.IRModule:
     return bb.get()
 
 
+def _llvm_asm(mod: tvm.IRModule, target: dict) -> str:
+    """The assembly of ``mod`` compiled by TVM alone (its kernels unscheduled loops, which
+    LLVM vectorises itself)."""
+    lib = tvm.compile(mod, target=tvm.target.Target(target)).mod
+    modules, found = [lib], []
+    while modules:
+        module = modules.pop()
+        modules.extend(module.imports)
+        if module.kind == "llvm":
+            found.append(module.inspect_source("asm"))
+    return "\n".join(found)
+
+
 def test_amd_only_instructions_are_features_of_the_code():
     """LLVM's znver models shuffle bytes with sse4a's ``insertq``, which no Intel CPU has: a
     torch attention built for znver4 stopped an Emerald Rapids with SIGILL, past a guard that
-    did not list sse4a. It is a feature of such code now; ``-mattr=-sse4a`` leaves it out."""
+    did not list sse4a. It is a feature of such code now; ``-mattr=-sse4a`` leaves it out.
+    (The kernel that showed it, a bare row maximum of bytes, was an unscheduled loop that LLVM
+    vectorised; tvmamp's row-reduction rule schedules it now, so the assembly is TVM's own.)"""
     znver4 = {"kind": "llvm", "mcpu": "znver4", "num-cores": 1}
     portable = {**znver4, "mattr": ["-sse4a"]}
     asm = {
-        "znver4": tvmamp.build(_mask_any_reduction(), "O0", znver4).get_source("asm"),
-        "portable": tvmamp.build(_mask_any_reduction(), "O0", portable).get_source("asm"),
+        name: _llvm_asm(_mask_any_reduction(), t)
+        for name, t in (("znver4", znver4), ("portable", portable))
     }
     assert "insertq" in asm["znver4"] and "insertq" not in asm["portable"]
     intel = frozenset(cpu_level_features("sapphirerapids"))
