@@ -130,8 +130,9 @@ def legalize_norm(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
 
 
 def _trailing_axes(call: relax.Call) -> int | None:
-    """How many trailing axes an fp32 ``mean``/``variance``/``sum`` reduces (the rows may be
-    symbolic), or None: other axes, all axes (the full-reduction rule's), other dtypes."""
+    """How many trailing axes an fp32 ``mean``/``variance``/``sum``/``max``/``min`` reduces (the
+    rows may be symbolic), or None: other axes, all axes (the full-reduction rule's), other
+    dtypes."""
     x = call.args[0]
     shape = getattr(x.ty, "shape", None)
     if str(getattr(x.ty, "dtype", "")) != "float32" or not isinstance(shape, relax.ShapeExpr):
@@ -144,9 +145,11 @@ def _trailing_axes(call: relax.Call) -> int | None:
 
 
 def _row_statistic(x, kind: str, trailing: int, keepdims: bool):
-    """The ``kind`` (sum, mean or variance) of ``x`` over its ``trailing`` last axes, each sum
-    a body of whole vectors and a tail (:func:`.fast_math.row_reduce`). Several axes are read
-    as one row in the kernel itself (a reshape kernel of their own was left in the module)."""
+    """The ``kind`` (sum, mean, variance, max or min) of ``x`` over its ``trailing`` last axes,
+    each reduction a body of whole vectors and a tail (:func:`.fast_math.row_reduce`). Several
+    axes are read as one row in the kernel itself (a reshape kernel of their own was left in
+    the module). A row maximum of a ragged length was left as a scalar loop: the row-reduction
+    rule takes only whole vectors."""
     lead, dims = list(x.shape[: len(x.shape) - trailing]), list(x.shape[len(x.shape) - trailing :])
     rows = x
     if trailing > 1:
@@ -160,6 +163,11 @@ def _row_statistic(x, kind: str, trailing: int, keepdims: bool):
 
         rows = te.compute([*lead, math.prod(dims)], flat, name="rows")
     axis = len(lead)
+    if kind in _EXTREMA:
+        out = row_reduce(rows, axis, *_EXTREMA[kind])
+        if not keepdims:
+            return out
+        return te.compute([*lead, *[1] * trailing], lambda *i: out(*i[:axis]), name=kind)
     total = row_reduce(rows, axis, te.sum, tirx.Add)
     count = tirx.Cast("float32", rows.shape[-1])
     out = total
@@ -181,8 +189,8 @@ def _legalize_row_statistic(kind: str):
     op_name = f"relax.{kind}"
 
     def legalize(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
-        """A ``sum``/``mean``/``variance`` over trailing axes as sums of whole vectors and a
-        tail; others as the rule beneath (fp32 sums of a low input, TVM's)."""
+        """A ``sum``/``mean``/``variance``/``max``/``min`` over trailing axes as reductions of
+        whole vectors and a tail; others as the rule beneath (fp32 sums of a low input, TVM's)."""
         trailing = _trailing_axes(call)
         if trailing is None:
             below = low_reductions.LEGALIZE_MAP.get(op_name)
@@ -193,9 +201,15 @@ def _legalize_row_statistic(kind: str):
     return legalize
 
 
+# The extrema among the row statistics: (reducer, combiner of a body and a tail).
+_EXTREMA = {"max": (te.max, tirx.max), "min": (te.min, tirx.min)}
+
 LEGALIZE_MAP = {
     **dict.fromkeys(_OPS, legalize_norm),
-    **{f"relax.{kind}": _legalize_row_statistic(kind) for kind in ("sum", "mean", "variance")},
+    **{
+        f"relax.{kind}": _legalize_row_statistic(kind)
+        for kind in ("sum", "mean", "variance", *_EXTREMA)
+    },
 }
 
 __all__ = ["LEGALIZE_MAP", "legalize_norm"]

@@ -108,6 +108,21 @@ def test_a_reduction_that_writes_the_result_itself_is_scheduled(op, rng):
     assert_close(exe(x), want, rtol=1e-5, atol=1e-5, what=op)
 
 
+@pytest.mark.parametrize("op", ["max", "min"])
+def test_an_extremum_of_a_ragged_row_is_a_body_and_a_tail(op, rng):
+    """A row maximum of 100 values, not whole vectors, was a scalar loop: the rule takes whole
+    vectors only. Legalized as a body of whole vectors and a tail (``row_norms.py``), as sums
+    are, it is scheduled; all-negative rows check that no part starts from zero."""
+    mod = _module(lambda x: getattr(relax.op, op)(x, axis=[-1]), (6, 5, 100))
+    target = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 1})
+    kernels = _kernels(mod, target)
+    with target:
+        assert all(CPURowReduction().apply(f, target, False) is not None for f in kernels)
+    x = rng.uniform(-9, -1, (6, 5, 100)).astype("float32")
+    exe = tvmamp.build(mod, "O0", "llvm -num-cores=1")
+    np.testing.assert_array_equal(exe(x), getattr(np, op)(x, axis=-1))
+
+
 @pytest.mark.parametrize("level, dtype", [("O0", "float32"), ("O3", "bfloat16")])
 @pytest.mark.parametrize("name", list(CASES))
 def test_numerics_odd_rows(name, level, dtype):
