@@ -16,6 +16,7 @@ from tvm import relax, s_tir, tirx
 ELEMWISE = 0
 BROADCAST = 1
 INJECTIVE = 2
+COMM_REDUCE = 3
 OUT_ELEMWISE_FUSABLE = 4
 
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")

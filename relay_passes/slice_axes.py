@@ -21,6 +21,9 @@ from tvm.ir.expr import TensorLoad  # what tvm.tirx.BufferLoad makes
 from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.sym import Analyzer
 
+from .bindings import bound_values, call_of, readers
+from .fused_functions import BROADCAST, COMM_REDUCE, INJECTIVE, op_pattern, prim_func
+
 
 def _legalize_strided_slice(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     x, axes = call.args[0], call.args[1]
@@ -38,8 +41,6 @@ def _legalize_strided_slice(bb: relax.BlockBuilder, call: relax.Call) -> relax.E
 
 
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
-_INJECTIVE, _REDUCTION = 2, 3  # tvm.relax's OpPatternKind: kInjective, kCommReduce
-_BROADCAST = 1
 
 
 @tvm.transform.module_pass(opt_level=0, name="tvmamp.SlicesIntoReductions")
@@ -75,7 +76,7 @@ class SlicesIntoReductions:
         for bindings in found.values():
             for kernel in {b.value.args[0] for b in bindings}:
                 if kernel not in copies:
-                    func = mod[kernel].with_attr("op_pattern", _BROADCAST)
+                    func = mod[kernel].with_attr("op_pattern", BROADCAST)
                     copies[kernel] = builder.add_func(func, f"{kernel.name_hint}_into_reduction")
         out = builder.get()
         for gvar, bindings in found.items():
@@ -86,48 +87,34 @@ class SlicesIntoReductions:
 
 def _pattern(mod: tvm.IRModule, value) -> int | None:
     """The op pattern of the kernel a ``call_tir`` binding calls, or None."""
-    if not (isinstance(value, relax.Call) and value.op.same_as(_CALL_TIR)):
-        return None
-    func = mod[value.args[0]]
-    attr = func.attrs.get("op_pattern") if func.attrs is not None else None
-    return int(attr) if attr is not None else None
+    return op_pattern(prim_func(mod, value)) if call_of(value, _CALL_TIR) is not None else None
 
 
 def _read_by_reductions(mod: tvm.IRModule, func: relax.Function) -> list:
     """The bindings of ``func``'s injective slices whose readers lead to reductions only (see
     :class:`SlicesIntoReductions`)."""
-    bindings = [b for block in func.body.blocks for b in block.bindings]
-    values = {b.var: b.value for b in bindings}
-    readers = {}
-    for binding in bindings:
-        for var in relax.analysis.free_vars(binding.value):
-            readers.setdefault(var, []).append(binding.var)
-    returned = set(relax.analysis.free_vars(func.body.body))
+    values, read_by = bound_values(func), readers(func)
     memo = {}
 
+    def leads(reader) -> bool:
+        pattern = _pattern(mod, values[reader])
+        if pattern == COMM_REDUCE:
+            return True
+        return pattern is not None and pattern <= INJECTIVE and leads_to_reductions(reader)
+
     def leads_to_reductions(var) -> bool:
-        if var in memo:
-            return memo[var]
-        memo[var] = False  # until shown
-        if var in returned or not readers.get(var):
-            return False
-        ok = True
-        for reader in readers[var]:
-            pattern = _pattern(mod, values[reader])
-            if pattern == _REDUCTION:
-                continue
-            if pattern is None or pattern > _INJECTIVE or not leads_to_reductions(reader):
-                ok = False
-                break
-        memo[var] = ok
-        return ok
+        if var not in memo:
+            reading = read_by.get(var, set())  # None among them: the function's result
+            memo[var] = bool(reading) and None not in reading and all(map(leads, reading))
+        return memo[var]
 
     found = []
-    for binding in bindings:
-        if _pattern(mod, binding.value) != _INJECTIVE:
-            continue
-        if _copies_a_range(mod[binding.value.args[0]]) and leads_to_reductions(binding.var):
-            found.append(binding)
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            if _pattern(mod, binding.value) != INJECTIVE:
+                continue
+            if _copies_a_range(mod[binding.value.args[0]]) and leads_to_reductions(binding.var):
+                found.append(binding)
     return found
 
 
