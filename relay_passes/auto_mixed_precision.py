@@ -75,6 +75,7 @@ from tvmamp.tensors import FLOAT_DTYPES, np_dtype, static_shape, tensor_dtype
 from . import low_reductions
 from .amp_quant_params import quantization_params
 from .amp_report import AmpReport, ForcedNode, NodeDecision
+from .bindings import bound_values
 
 _CAST_OPS = ("relax.astype", "relax.wrap_param")
 # Ops that make a tensor from attributes and shapes only: their values do not depend on the
@@ -905,8 +906,7 @@ def _extended_inputs(func: relax.Function, policy: Policy) -> set:
     fp32_inputs = {p for p in inputs if tensor_dtype(p) == "float32"}
     if not fp32_inputs:
         return set()
-    bindings = [b for block in func.body.blocks for b in block.bindings]
-    values = {b.var: b.value for b in bindings}
+    values = bound_values(func)
 
     def is_view(value) -> bool:
         return (

@@ -27,6 +27,8 @@ import tvm
 import tvm_ffi
 from tvm import relax, tirx
 
+from tvmamp.tensors import shape_dims
+
 from .size_checks import ATTR as SIZE_CHECKS
 
 _ATTENTION = {tvm.ir.Op.get("relax.nn.attention"), tvm.ir.Op.get("relax.nn.attention_bias")}
@@ -74,18 +76,15 @@ def query_length(func: relax.Function) -> tirx.Var | None:
     if len(found) != 1 or None in found:
         return None
     (var,) = found
-    defined = relax.analysis.defined_symbolic_vars(func)
     params = {v for p in func.params for v in _symbolic_vars(p.ty)}
-    return var if any(var.same_as(v) for v in defined) and var in params else None
+    return var if var in params else None
 
 
 def _symbolic_vars(ty) -> list[tirx.Var]:
     """The size variables that appear bare in the shape(s) of ``ty``."""
-    if isinstance(ty, relax.TensorType) and ty.shape is not None:
-        return [d for d in ty.shape.values if isinstance(d, tirx.Var)]
     if isinstance(ty, relax.TupleType):
         return [v for field in ty.fields for v in _symbolic_vars(field)]
-    return []
+    return [d for d in shape_dims(ty) or () if isinstance(d, tirx.Var)]
 
 
 def _dispatched(
