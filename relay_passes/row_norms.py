@@ -163,26 +163,29 @@ def _row_statistic(x, kind: str, trailing: int, keepdims: bool):
 
         rows = te.compute([*lead, math.prod(dims)], flat, name="rows")
     axis = len(lead)
-    if kind in _EXTREMA:
-        out = row_reduce(rows, axis, *_EXTREMA[kind])
-        if not keepdims:
-            return out
-        return te.compute([*lead, *[1] * trailing], lambda *i: out(*i[:axis]), name=kind)
-    total = row_reduce(rows, axis, te.sum, tirx.Add)
-    count = tirx.Cast("float32", rows.shape[-1])
-    out = total
-    if kind != "sum":
-        out = mean = te.compute(total.shape, lambda *i: total(*i) / count, name="mean")
-    if kind == "variance":
-
-        def square(*i):
-            return (rows(*i) - mean(*i[:-1])) * (rows(*i) - mean(*i[:-1]))
-
-        spread = row_reduce(te.compute(rows.shape, square), axis, te.sum, tirx.Add)
-        out = te.compute(spread.shape, lambda *i: spread(*i) / count, name="variance")
+    out = _row_reduced(rows, axis, kind)
     if not keepdims:
         return out
     return te.compute([*lead, *[1] * trailing], lambda *i: out(*i[:axis]), name=kind)
+
+
+def _row_reduced(rows, axis: int, kind: str):
+    """The ``kind`` of ``rows`` over its last axis (``axis``), each reduction a body and a tail."""
+    if kind in _EXTREMA:
+        return row_reduce(rows, axis, *_EXTREMA[kind])
+    total = row_reduce(rows, axis, te.sum, tirx.Add)
+    count = tirx.Cast("float32", rows.shape[-1])
+    if kind == "sum":
+        return total
+    mean = te.compute(total.shape, lambda *i: total(*i) / count, name="mean")
+    if kind == "mean":
+        return mean
+
+    def square(*i):
+        return (rows(*i) - mean(*i[:-1])) * (rows(*i) - mean(*i[:-1]))
+
+    spread = row_reduce(te.compute(rows.shape, square), axis, te.sum, tirx.Add)
+    return te.compute(spread.shape, lambda *i: spread(*i) / count, name="variance")
 
 
 def _legalize_row_statistic(kind: str):
