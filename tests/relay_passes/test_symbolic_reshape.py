@@ -89,3 +89,32 @@ def test_a_transpose_the_reshape_analysis_cannot_read_builds(rng):
         keys = np.concatenate([a, b], 1)
         np.testing.assert_array_equal(np.asarray(transposed), keys.transpose(0, 2, 3, 1))
         np.testing.assert_array_equal(np.asarray(flat), keys.reshape(2, n + 4, 64))
+
+
+def test_a_reshape_to_its_own_shape_is_its_input():
+    """``present = Reshape(concat(past, new))`` to the shape it has: TVM made it a copy kernel
+    (the result leaves the dataflow block, so ``RewriteDataflowReshape`` leaves it), which
+    copied a decoder's whole cache on every step. Now the input itself is the result; a
+    reshape to the same sizes written otherwise (``p + s`` against ``s + p``) stays a reshape
+    (FuseTIR mapped one size to the other in a fused kernel behind such an input)."""
+    p = tvm.tirx.Var("p", "int64")
+    bb = relax.BlockBuilder()
+    past = relax.Var("past", relax.TensorType((2, 1, p, 8), "float32"))
+    new = relax.Var("new", relax.TensorType((2, 1, 1, 8), "float32"))
+    with bb.function("main", [past, new]):
+        with bb.dataflow():
+            cache = bb.emit(relax.op.concat([past, new], axis=2))
+            present = bb.emit_output(relax.op.reshape(cache, (2, 1, p + 1, 8)))
+        bb.emit_func_output(present)
+    ours = relax.transform.LegalizeOps(LEGALIZE_MAP)(bb.get())
+    kernels = [gvar.name_hint for gvar, f in ours.functions_items() if "reshape" in gvar.name_hint]
+    assert not kernels, kernels
+    s = tvm.tirx.Var("s", "int64")
+    mod = _reshape_module((2, p + s), (2, s + p))
+    (binding,) = relax.transform.LegalizeOps(LEGALIZE_MAP)(mod)["main"].body.blocks[0].bindings
+    assert isinstance(binding.value, relax.Call)
+    exe = tvmamp.build(bb.get(), "O0", "llvm")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 1, 5, 8)).astype("float32")
+    y = rng.standard_normal((2, 1, 1, 8)).astype("float32")
+    np.testing.assert_array_equal(exe(x, y), np.concatenate([x, y], axis=2))
