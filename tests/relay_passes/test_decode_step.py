@@ -86,3 +86,86 @@ def test_one_query_and_several_match_numpy(level, tol, rng):
             np.testing.assert_array_equal(present[:, :cached], past)
             rounded = x.astype(ml_dtypes.bfloat16).astype("float32")
             np.testing.assert_array_equal(np.isin(present[:, cached:], (x, rounded)), True)
+
+
+def _written_out_decoder(cross: bool = False) -> tuple[tvm.IRModule, list]:
+    """A decoder whose attention is written out (optimum's and torch.export's form):
+    ``x[b, s, 8] @ w`` as 2 heads of queries, keys and values, the keys and values appended to
+    ``past_k`` and ``past_v`` ``[b, 2, p, 4]``, ``softmax(q @ k^T) @ v``; returns the output
+    and the new caches. ``cross``: the keys are ``past_k`` alone (another sequence's, as in
+    cross-attention), not extended by the queries. Returns the module and the weights."""
+    b, s, p = (tirx.Var(n, "int64") for n in ("b", "s", "p"))
+    rng = np.random.default_rng(3)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((b, s, 8), "float32"))
+    past_k = relax.Var("past_k", relax.TensorType((b, 2, p, 4), "float32"))
+    past_v = relax.Var("past_v", relax.TensorType((b, 2, p, 4), "float32"))
+    with bb.function("main", [x, past_k, past_v]):
+        with bb.dataflow():
+            heads, weights = [], []
+            for _ in range(3):
+                weights.append(rng.standard_normal((8, 8)).astype("float32") * 0.3)
+                y = relax.op.matmul(x, relax.const(weights[-1]))
+                y = bb.emit(relax.op.reshape(y, (b, s, 2, 4)))
+                heads.append(bb.emit(relax.op.permute_dims(y, [0, 2, 1, 3])))
+            q, k_new, v_new = heads
+            k = past_k if cross else bb.emit(relax.op.concat([past_k, k_new], axis=2))
+            v = past_v if cross else bb.emit(relax.op.concat([past_v, v_new], axis=2))
+            scores = bb.emit(relax.op.matmul(q, relax.op.permute_dims(k, [0, 1, 3, 2])))
+            probs = bb.emit(relax.op.nn.softmax(scores, axis=-1))
+            out = bb.emit(relax.op.permute_dims(relax.op.matmul(probs, v), [0, 2, 1, 3]))
+            out = bb.emit_output(relax.op.reshape(out, (b, s, 8)))
+            result = bb.emit_output(relax.Tuple([out, k, v]))
+        bb.emit_func_output(result)
+    return bb.get(), weights
+
+
+def test_written_out_attention_dispatches_one_sequence_too():
+    """The scores ``q @ k^T`` over a cache that the queries extend give the query length; axis
+    0 of ``x[b, s, 8]`` is a batch, so a third copy binds it to 1 as well, chosen first."""
+    mod, _ = _written_out_decoder()
+    s = mod["main"].params[0].ty.shape.values[1]
+    assert query_length(mod["main"]).same_as(s)
+    assert query_length(_written_out_decoder(cross=True)[0]["main"]) is None
+    mod = SpecializeDecodeStep()(mod)
+    names = sorted(gv.name_hint for gv in mod.get_global_vars())
+    assert names == ["main", "main_any", "main_step", "main_step_one"]
+    one = mod["main_step_one"].params[0].ty.shape.values
+    assert [int(d) for d in one] == [1, 1, 8]
+    step = mod["main_step"].params[0].ty.shape.values
+    assert isinstance(step[0], tirx.Var) and int(step[1]) == 1
+    (binding, _) = mod["main"].body.blocks[0].bindings
+    assert isinstance(binding.value, relax.If)  # b == 1 and s == 1 ?
+    inner = binding.value.false_branch.blocks[0].bindings[0].value
+    assert isinstance(inner, relax.If)  # s == 1 ?
+
+
+def _written_out_reference(weights, x, past_k, past_v):
+    """numpy float64 of :func:`_written_out_decoder` with its ``weights``."""
+    batch, queries, _ = x.shape
+    q, k, v = (
+        np.transpose((x.astype("float64") @ w).reshape(batch, queries, 2, 4), (0, 2, 1, 3))
+        for w in weights
+    )
+    k = np.concatenate([past_k, k], axis=2)
+    v = np.concatenate([past_v, v], axis=2)
+    scores = q @ np.transpose(k, (0, 1, 3, 2))
+    probs = np.exp(scores - scores.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    return np.transpose(probs @ v, (0, 2, 1, 3)).reshape(batch, queries, 8), k, v
+
+
+@pytest.mark.parametrize(("level", "tol"), [("O0", 1e-5), ("O2", 3e-2)])
+def test_written_out_decoder_matches_numpy_on_every_copy(level, tol, rng):
+    """Each copy runs: one query of one sequence, one query of two, three queries."""
+    mod, weights = _written_out_decoder()
+    exe = tvmamp.build(mod, level, "llvm -num-cores=1", "bfloat16")
+    for batch, queries, cached in ((1, 1, 37), (2, 1, 37), (1, 3, 20), (1, 1, 130)):
+        x = rng.standard_normal((batch, queries, 8)).astype("float32")
+        past_k, past_v = (
+            rng.standard_normal((batch, 2, cached, 4)).astype("float32") for _ in "kv"
+        )
+        got = exe(x, past_k, past_v)
+        want = _written_out_reference(weights, x, past_k, past_v)
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_allclose(g, w, rtol=tol, atol=tol, err_msg=f"{batch}x{queries}")
