@@ -49,6 +49,7 @@ from .common import (
 )
 from .matmul import CPUMatmul
 from .matmul_analysis import find_matmul_block, iter_kinds, normalize
+from .parallel import num_cores
 
 
 class CPUMatmulBF16(CPURule):
@@ -97,6 +98,10 @@ class CPUMatmulBF16(CPURule):
         amx_k_block : int
             AMX: reduction values (a multiple of 32) per kernel call; a longer ``K`` is cut
             into blocks that accumulate in memory.
+        wide_tile : (int, int) or None
+            ``(rows, vectors)`` of a register tile of fewer rows and more columns, taken where
+            ``tile_i`` does not divide the rows and this one pads no more rows or columns than
+            the one :func:`make_plan` would take (see :data:`WIDE_TILE`); None: never.
         fma_min_rows : int
             On a CPU whose ``vdpbf16ps`` does half the FLOPs of its fp32 FMAs
             (:func:`.bf16_common.bf16_dot_at_half_rate`: Intel's), a GEMM of at least this
@@ -112,6 +117,7 @@ class CPUMatmulBF16(CPURule):
         amx_min_rows: int = 8
         amx_n_block: int | None = None
         amx_k_block: int = 4096
+        wide_tile: tuple[int, int] | None = (6, 4)
         fma_min_rows: int = 8
 
     # The generic rule (widen + FMA) schedules what this rule gives up on.
@@ -260,6 +266,13 @@ PACK_BLOCK_ROWS = 16
 # Fewest accumulators of a register tile one row shorter than the configured one: 7 x 2 hides
 # the vdpbf16ps latency, 6 x 2 did not (a 49-row GEMM ran 6 % slower than padded to 8 rows).
 MIN_SHORTER_ACCUMULATORS = 14
+# The wide tile (``Config.wide_tile``, 6 rows x 4 vectors: 24 accumulators, 4 weight vectors and a
+# broadcast, 29 of the 32 zmm registers) against the 8 x 2 and 7 x 2 ones where 8 does not divide
+# the rows. Zen5, one thread, paired in one process, GFLOP/s with W constant / at run time:
+# 257 x 4096 x 1024: 8 x 2 489 / 448, 7 x 2 487 / 445, 6 x 4 509 / 458; 257 x 2048 x 1024:
+# 503 / 473, 502 / 463, 522 / 490; 197 x 384 x 1152: 521 / 494, 496 / 471, 529 / 500. Where 8
+# divides the rows, 8 x 2 reads A in place and 6 x 4 was 1-5 % slower (128 x 768 x 3072,
+# 512^3, 1024^3, 3136 x 64 x 256); 49 rows keep 7 x 2 (none padded).
 # Row tiles outside the column tiles (:func:`tile`: each row tile walks the whole packed
 # weight, instead of each weight strip walking all row tiles) for a GEMM whose epilogue reads an
 # fp32 operand the size of its output, at least ROWS_OUTSIDE_OUTPUT_BYTES of it, with a packed
@@ -278,15 +291,22 @@ ROWS_OUTSIDE_OUTPUT_BYTES = 512 << 10
 
 
 def make_plan(
-    extents: list[int], config: CPUMatmulBF16.Config, output_operand: bool = False
+    extents: list[int],
+    config: CPUMatmulBF16.Config,
+    output_operand: bool = False,
+    cores: int = 1,
 ) -> Plan:
     """Choose the register tile for ``extents = [S, I, J, K]``, and the loop order.
 
     The tile has ``config.tile_i`` rows, or one fewer where that pads fewer rows and keeps
     :data:`MIN_SHORTER_ACCUMULATORS`: the 49 rows of a 7 x 7 feature map take 7 tiles of 7
-    rows, not 56 padded rows (10 % faster), and with no padding ``A`` is read in place. Row
-    tiles go outside the column tiles for an epilogue that reads an ``output_operand`` (an fp32
-    tensor the size of the output) where the sizes fit (:data:`ROWS_OUTSIDE_WEIGHT_BYTES`).
+    rows, not 56 padded rows (10 % faster), and with no padding ``A`` is read in place. Where
+    that tile still pads the rows, ``config.wide_tile`` takes its place if it pads no more rows
+    or columns (257 rows: 43 tiles of 6 x 64, 3.7-5 % faster than 37 of 7 x 32), and, for a
+    GEMM that runs on ``cores`` > 1 (:func:`plan_cores`), leaves at least that many column
+    tiles, the parallel tasks. Row tiles go outside the column tiles for an epilogue that reads
+    an ``output_operand`` (an fp32 tensor the size of the output) where the sizes fit
+    (:data:`ROWS_OUTSIDE_WEIGHT_BYTES`).
     """
     rows = extents[1]
     symbolic = not isinstance(rows, int)
@@ -304,9 +324,35 @@ def make_plan(
         rows, tile_i
     ):
         tile_i = shorter
+    if not gemv and config.wide_tile is not None:
+        tile_i, vectors = _wide(rows, extents[2], tile_i, vectors, config.wide_tile, cores)
     tile_j = intrin.LANES * vectors
     rows_outside = output_operand and not gemv and _walks_rows(extents, tile_i, tile_j)
     return Plan(extents, tile_i, tile_j, rows_outside)
+
+
+def _wide(
+    rows: int, cols: int, tile_i: int, vectors: int, wide: tuple[int, int], cores: int
+) -> tuple:
+    """``wide`` (rows, vectors) in place of the tile ``tile_i x vectors`` where that one pads
+    the rows and ``wide`` pads no more rows and no more columns, and has a column tile for
+    each of ``cores``; else the tile as it is."""
+    wide_i, wide_vectors = wide
+    wide_cols = intrin.LANES * wide_vectors
+    if rows % tile_i == 0 or rows <= wide_i or _padded(rows, wide_i) > _padded(rows, tile_i):
+        return tile_i, vectors
+    if _padded(cols, wide_cols) > _padded(cols, intrin.LANES * vectors):
+        return tile_i, vectors
+    if cores > 1 and _padded(cols, wide_cols) // wide_cols < cores:
+        return tile_i, vectors  # the row tiles would be split among the cores instead
+    return wide_i, wide_vectors
+
+
+def plan_cores(target: Target, extents: list) -> int:
+    """The cores a GEMM of ``extents`` runs on (:func:`.common.use_parallel`), for
+    :func:`make_plan`."""
+    work = math.prod(nominal(e) for e in extents)
+    return num_cores(target) if use_parallel(target, work) else 1
 
 
 def _walks_rows(extents: list, tile_i: int, tile_j: int) -> bool:
@@ -370,7 +416,7 @@ def schedule_matmul(
         )
         amx.schedule(sch, main, target, plan)
         return
-    plan = make_plan(extents, config, reads_output_sized(sch, main))
+    plan = make_plan(extents, config, reads_output_sized(sch, main), plan_cores(target, extents))
     prepare(sch, main, target, plan.padding, a_contiguous, shared=shared)
     outer, row_tile, k_outer, lanes = tile(sch, main, plan, plan.rows_outside)
     acc = sch.cache_write(main, 0, "local")
@@ -612,6 +658,7 @@ __all__ = [
     "CPUMatmulBF16",
     "find_gemm",
     "make_plan",
+    "plan_cores",
     "prepare",
     "schedule_matmul",
     "tensorize_tile",

@@ -11,6 +11,7 @@ in cache, and writes only the (bf16) probabilities. Unfused, the scores went to 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from tvm import s_tir, tirx
@@ -134,13 +135,19 @@ def schedule(
         amx.vectorize_16_lanes(sch, init)
         _tensorize_amx(sch, row_block, reduction, amx_plan.k_block, panels)
         return
-    plan = make_plan(extents, config)
+    plan = make_plan(extents, _narrow(config))
     prepare(sch, main, target, plan.padding, a_contiguous, shared=shared)
     row_block, j_outer, k_outer, j_lane = tile(sch, main, plan, rows_outside=True)
     acc = sch.cache_write(main, 0, "local")
     sch.reverse_compute_at(acc, j_outer, preserve_unit_loops=True)
     _scores_and_softmax(sch, acc, row_block, target, extents, vectorize_tile)
     tensorize_tile(sch, main, plan, row_block, k_outer, j_lane)
+
+
+def _narrow(config: CPUMatmulBF16.Config) -> CPUMatmulBF16.Config:
+    """``config`` without its wide tile: a merged kernel's row block walks all its columns, and
+    the wide tile was measured on plain GEMMs only."""
+    return dataclasses.replace(config, wide_tile=None)
 
 
 def merges_columns(
@@ -165,7 +172,7 @@ def plan_key(extents: list[int], target: Target, config: CPUMatmulBF16.Config) -
     amx_plan = _amx_plan(target, extents, config)
     if amx_plan is not None:
         return ("amx", amx_plan.k_block, amx_plan.k_padded)
-    plan = make_plan(extents, config)
+    plan = make_plan(extents, _narrow(config))
     return ("vdpbf16ps", plan.tile_i, plan.tile_j)
 
 

@@ -36,7 +36,14 @@ from tvm.target import Target
 from . import bf16_amx as amx
 from . import bf16_softmax
 from .bf16_common import has_amx_bf16, is_bf16_matmul
-from .bf16_matmul import CPUMatmulBF16, find_gemm, make_plan, schedule_matmul, use_amx
+from .bf16_matmul import (
+    CPUMatmulBF16,
+    find_gemm,
+    make_plan,
+    plan_cores,
+    schedule_matmul,
+    use_amx,
+)
 from .common import NotApplicable
 from .matmul_analysis import normalize
 
@@ -76,7 +83,8 @@ def tuning_choices(target: Target) -> tuple[CPUMatmulBF16.Config, ...]:
         ]
         choices.append(dataclasses.replace(base, amx_min_rows=AMX_FEW_ROWS))
     choices += [
-        dataclasses.replace(base, tile_i=i, vectors_j=j, amx=False) for i, j in REGISTER_TILES
+        dataclasses.replace(base, tile_i=i, vectors_j=j, amx=False, wide_tile=None)
+        for i, j in REGISTER_TILES
     ]
     choices += [dataclasses.replace(base, gemv_vectors_j=v) for v in GEMV_VECTORS]
     return tuple(c for i, c in enumerate(choices) if c not in choices[:i])  # equal ones collapse
@@ -94,7 +102,7 @@ def plan_key(extents: list[int], target: Target, config: CPUMatmulBF16.Config) -
     if use_amx(target, extents, config):
         plan = amx.plan_for(target, extents, config.amx_n_block, config.amx_k_block)
         return ("amx", plan.n_block, plan.k_block, plan.k_padded, plan.row_chunks)
-    plan = make_plan(extents, config)
+    plan = make_plan(extents, config, cores=plan_cores(target, extents))
     return ("vdpbf16ps", plan.tile_i, plan.tile_j)
 
 

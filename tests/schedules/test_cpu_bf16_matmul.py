@@ -95,6 +95,51 @@ def test_ragged_shapes_and_batch_one(rng, target, instruction, flag, m, k, n):
 
 
 @pytest.mark.parametrize(
+    ("extents", "tile"),
+    [
+        ([1, 257, 1024, 4096], (6, 64)),  # 8 x 2 pads 7 rows, 7 x 2 two, 6 x 4 one
+        ([1, 197, 1152, 384], (6, 64)),
+        ([1, 49, 512, 2048], (7, 32)),  # 7 divides: A read in place
+        ([1, 128, 3072, 768], (8, 32)),  # 8 divides
+        ([1, 197, 197, 64], (8, 32)),  # 64-column tiles would pad 256 columns, not 224
+        ([1, 3, 1024, 1024], (3, 64)),  # GEMV tile
+    ],
+)
+def test_a_wide_tile_where_the_configured_one_pads_rows(extents, tile):
+    plan = make_plan(extents, CPUMatmulBF16.Config())
+    assert (plan.tile_i, plan.tile_j) == tile
+    plain = make_plan(extents, CPUMatmulBF16.Config(wide_tile=None))
+    assert plain.tile_j == 32 or extents[1] <= CPUMatmulBF16.Config().gemv_rows
+    # on 16 cores the column tiles are the parallel tasks: 16 of 64 columns for 1024 columns
+    # are enough, 2 for 128 are not
+    if tile == (6, 64):
+        assert make_plan(extents, CPUMatmulBF16.Config(), cores=16).tile_j == 64
+        narrow = make_plan([1, extents[1], 128, extents[3]], CPUMatmulBF16.Config(), cores=16)
+        assert narrow.tile_j == 32
+
+
+@pytest.mark.parametrize("constant", [True, False], ids=["const_w", "runtime_w"])
+def test_wide_tile_matches_float64(rng, constant):
+    """17 rows: three 6 x 64 tiles (one padded row) with a bias-and-GELU epilogue on its 24
+    accumulators, the weight packed at compile time or per call."""
+    _needs_host("avx512_bf16")
+    a, b = _bf16(rng, (17, 96)), _bf16(rng, (96, 192))
+    bias = rng.standard_normal(192).astype("float32")
+
+    def epilogue(bb, out):
+        return relax.op.nn.gelu(relax.op.add(out, relax.const(bias)))
+
+    assert make_plan([1, 17, 192, 96], CPUMatmulBF16.Config()).tile_i == 6
+    _, exe = _compile(_gemm(17, 96, 192, b if constant else None, epilogue), VDPBF16PS)
+    vm = relax.VirtualMachine(exe, tvm.cpu())
+    args = [tvm.runtime.tensor(a)] + ([] if constant else [tvm.runtime.tensor(b)])
+    out = vm["main"](*args).numpy()
+    pre = a.astype("float64") @ b.astype("float64") + bias
+    ref = 0.5 * pre * (1 + np.vectorize(math.erf)(pre / math.sqrt(2)))
+    assert _rel_err(out, ref) <= 1e-2
+
+
+@pytest.mark.parametrize(
     ("extents", "tiles"),
     [
         ([1, 4096, 4096, 4096], 128),  # 32 MiB of A: blocks of 128 row tiles (8 MiB)
@@ -355,10 +400,12 @@ def test_intrinsic_is_registered_for_meta_schedule():
     ("rows", "tile_i"), [(49, 7), (196, 7), (13, 7), (197, 8), (50, 8), (256, 8), (6, 6)]
 )
 def test_a_row_shorter_tile_where_it_pads_fewer_rows(rows, tile_i):
-    """A 7 x 7 feature map (49 rows) takes 7 tiles of 7 rows instead of 56 padded rows."""
-    assert make_plan([1, rows, 256, 64], CPUMatmulBF16.Config()).tile_i == tile_i
+    """A 7 x 7 feature map (49 rows) takes 7 tiles of 7 rows instead of 56 padded rows (the
+    wide tile, which would take 197 and 50 rows, off)."""
+    config = CPUMatmulBF16.Config(wide_tile=None)
+    assert make_plan([1, rows, 256, 64], config).tile_i == tile_i
     # with one 16-lane vector (J = 16) seven rows would be seven accumulators: no change
-    assert make_plan([1, rows, 16, 64], CPUMatmulBF16.Config()).tile_i == min(8, rows)
+    assert make_plan([1, rows, 16, 64], config).tile_i == min(8, rows)
 
 
 def test_a_49_row_gemm_reads_a_in_place_and_matches_numpy(rng):
