@@ -18,7 +18,9 @@ dtype. A causal mask needs static lengths (a constant mask); a sliding window is
 With one query (a decoder's step, :mod:`.decode_step`) the two GEMMs are written as products
 summed over the head dim and over the keys (:func:`_dots`): ``FuseOps`` fuses the key-value
 cache's slices and casts into those kernels, which read the cache in place, where a GEMM's
-operands were copies (the keys' a transposed one) packed again in the kernel.
+operands were copies (the keys' a transposed one) packed again in the kernel. One query's
+attention already written out as matmuls (optimum's and torch.export's decoders) is rewritten
+the same way (:func:`_one_query_matmul`).
 """
 
 from __future__ import annotations
@@ -26,9 +28,10 @@ from __future__ import annotations
 import numpy as np
 import tvm
 from tvm import relax
+from tvm.ir.expr import Constant
 from tvm.relax import PyExprMutator
 
-from tvmamp.tensors import static_shape, tensor_dtype
+from tvmamp.tensors import shape_dims, static_shape, tensor_dtype
 
 _ATTENTION = {tvm.ir.Op.get("relax.nn.attention"), tvm.ir.Op.get("relax.nn.attention_bias")}
 
@@ -50,10 +53,111 @@ class DecomposeAttention:
 class _Rewriter(PyExprMutator):
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = self.visit_expr_post_order(call)
+        if call.op.same_as(_MATMUL):
+            dots = _one_query_matmul(call, self.lookup_binding)
+            return call if dots is None else dots
         if not any(call.op.same_as(op) for op in _ATTENTION):
             return call
         written = _written_out(call, self.lookup_binding)
         return call if written is None else written
+
+
+def _one_query_matmul(call: relax.Call, lookup) -> relax.Expr | None:
+    """One query's attention written out as matmuls, as the products of :func:`_dots`; None
+    for any other matmul.
+
+    - The scores ``q[..., 1, d] @ permute(k)[..., d, T]`` (a cast and a scalar factor on the
+      way allowed) become products summed over ``d`` of ``k[..., T, d]`` itself. Exported
+      decoders (optimum's, torch.export's) transpose the whole key cache for this matmul, and
+      scale it, or cast it at O2: a kernel that wrote every key again on every step, before the
+      GEMM packed them once more.
+    - The weighed values ``p[..., 1, T] @ v[..., T, d]``, ``p`` a softmax's output or ``v`` a
+      cast over a symbolic ``T`` (optimum's GPT-2 guards ``p`` against NaN), become products
+      summed over ``T``, so a cast of the values (O2) fuses into the kernel that reads them.
+
+    The products and sums are fp32 whatever the operands' dtype (exact products of bf16 values;
+    the matmul's own sums are fp32 too), and the result takes the matmul's dtype."""
+    a, b = call.args
+    shape = shape_dims(a.ty)
+    if isinstance(a, Constant) or shape is None or len(shape) < 3 or not _is_one(shape[-2]):
+        return None
+    if isinstance(b, Constant) or getattr(b.ty, "ndim", -1) != len(shape):
+        return None
+    ndim = len(shape)
+    keys, scale = _transposed_keys(b, ndim, lookup)
+    if keys is not None:
+        out = _dots(a, keys, ndim - 1)  # [..., T]
+        if scale is not None:
+            out = relax.op.multiply(out, relax.op.astype(scale, "float32"))
+    elif _is_probabilities(a, lookup) or _cast_of_rows(b, ndim, lookup):
+        weights = relax.op.permute_dims(a, [*range(ndim - 2), ndim - 1, ndim - 2])
+        out = _dots(weights, _uncast(b, lookup), ndim - 2)  # [..., d]
+    else:
+        return None
+    out = relax.op.expand_dims(out, ndim - 2)
+    dtype = tensor_dtype(call)
+    return out if dtype == "float32" else relax.op.astype(out, dtype)
+
+
+def _transposed_keys(b: relax.Expr, ndim: int, lookup) -> tuple:
+    """``(k, scale)`` where ``b`` is ``permute(k)`` over its last two axes, with a cast before
+    or after and a scalar constant factor allowed (``scale`` that factor, or None); else
+    ``(None, None)``. A cast is dropped: :func:`_dots` reads ``k`` in fp32."""
+    value, scale = _value(b, lookup), None
+    if isinstance(value, relax.Call) and value.op.same_as(_MULTIPLY):
+        scale = next((x for x in value.args if _is_scalar(x)), None)
+        rest = [x for x in value.args if x is not scale]
+        value = _value(rest[0], lookup) if scale is not None else None
+    if isinstance(value, relax.Call) and value.op.same_as(_ASTYPE):
+        value = _value(value.args[0], lookup)
+    swapped = [*range(ndim - 2), ndim - 1, ndim - 2]
+    if not (isinstance(value, relax.Call) and value.op.same_as(_PERMUTE_DIMS)):
+        return None, None
+    axes = value.attrs.axes
+    if axes is None or [int(x) for x in axes] != swapped or isinstance(value.args[0], Constant):
+        return None, None
+    return _uncast(value.args[0], lookup), scale
+
+
+def _value(x: relax.Expr, lookup):
+    """The call bound to ``x``, or ``x`` where it is not a bound var."""
+    bound = lookup(x) if isinstance(x, relax.Var) else None
+    return bound if bound is not None else x
+
+
+def _uncast(x: relax.Expr, lookup) -> relax.Expr:
+    """The input of the cast bound to ``x``, or ``x``."""
+    value = lookup(x) if isinstance(x, relax.Var) else None
+    if isinstance(value, relax.Call) and value.op.same_as(_ASTYPE):
+        return value.args[0]
+    return x
+
+
+def _is_probabilities(x: relax.Expr, lookup) -> bool:
+    """Whether ``x`` is a softmax's output, cast or not."""
+    value = _value(x, lookup)
+    if isinstance(value, relax.Call) and value.op.same_as(_ASTYPE):
+        value = _value(value.args[0], lookup)
+    return isinstance(value, relax.Call) and value.op.same_as(_SOFTMAX)
+
+
+def _cast_of_rows(b: relax.Expr, ndim: int, lookup) -> bool:
+    """Whether ``b`` is a cast of a tensor whose rows (axis ``ndim - 2``) are symbolic."""
+    value = _value(b, lookup)
+    shape = getattr(b.ty, "shape", None)
+    rows = shape.values[ndim - 2] if isinstance(shape, relax.ShapeExpr) else None
+    cast = isinstance(value, relax.Call) and value.op.same_as(_ASTYPE)
+    return cast and rows is not None and not isinstance(rows, tvm.tirx.IntImm)
+
+
+def _is_one(dim) -> bool:
+    return isinstance(dim, int) and dim == 1
+
+
+def _is_scalar(x: relax.Expr) -> bool:
+    """Whether ``x`` is a constant of one value (a scale)."""
+    shape = static_shape(x.ty) if isinstance(x, Constant) else None
+    return shape is not None and int(np.prod(shape, dtype=np.int64)) == 1
 
 
 def _written_out(call: relax.Call, lookup) -> relax.Expr | None:
@@ -162,6 +266,9 @@ def _permuted(x: relax.Expr, axes: list[int], lookup) -> relax.Expr:
 
 _ASTYPE = tvm.ir.Op.get("relax.astype")
 _PERMUTE_DIMS = tvm.ir.Op.get("relax.permute_dims")
+_MATMUL = tvm.ir.Op.get("relax.matmul")
+_MULTIPLY = tvm.ir.Op.get("relax.multiply")
+_SOFTMAX = tvm.ir.Op.get("relax.nn.softmax")
 
 
 def _causal_mask(q, k, causal: str) -> relax.Constant:

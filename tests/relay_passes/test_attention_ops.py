@@ -168,6 +168,80 @@ def test_one_query_is_dot_products_that_read_the_cache():
     tvm.ir.assert_structural_equal(relax.transform.Normalize()(written), OneQueryWritten)
 
 
+@I.ir_module
+class OneQueryMatmuls:
+    """One query's attention written out (optimum's GPT-2 at O2): the transposed key cache
+    scaled and cast for the scores' matmul, the values cast for the second."""
+
+    @R.function
+    def main(
+        q: R.Tensor((1, 4, 1, 8), "bfloat16"),
+        kc: R.Tensor((1, 4, "n", 8), "float32"),
+        vc: R.Tensor((1, 4, "n", 8), "float32"),
+    ):
+        with R.dataflow():
+            kt = R.permute_dims(kc, [0, 1, 3, 2])
+            kt1 = R.astype(kt, "bfloat16")
+            kt2 = R.multiply(kt1, R.const(0.5, "bfloat16"))
+            s = R.matmul(q, kt2, out_dtype="float32")
+            p = R.nn.softmax(s, axis=-1)
+            p1 = R.astype(p, "bfloat16")
+            v1 = R.astype(vc, "bfloat16")
+            o = R.matmul(p1, v1, out_dtype="float32")
+            R.output(o)
+        return o
+
+
+@I.ir_module
+class OneQueryMatmulsWritten:
+    @R.function
+    def main(
+        q: R.Tensor((1, 4, 1, 8), "bfloat16"),
+        kc: R.Tensor((1, 4, "n", 8), "float32"),
+        vc: R.Tensor((1, 4, "n", 8), "float32"),
+    ):
+        with R.dataflow():
+            q32 = R.astype(q, "float32")
+            s = R.sum(R.multiply(q32, kc), axis=[3])
+            s1 = R.multiply(s, R.astype(R.const(0.5, "bfloat16"), "float32"))
+            s2 = R.expand_dims(s1, 2)
+            p = R.nn.softmax(s2, axis=-1)
+            p1 = R.astype(p, "bfloat16")
+            w = R.permute_dims(p1, [0, 1, 3, 2])
+            w32 = R.astype(w, "float32")
+            o = R.sum(R.multiply(w32, vc), axis=[2])
+            o1 = R.expand_dims(o, 2)
+            R.output(o1)
+        return o1
+
+
+def test_one_query_matmuls_are_dot_products_that_read_the_cache():
+    """Written out, one query's scores over the transposed, scaled, cast key cache and its
+    weighed values over the cast value cache become products summed in fp32 over the caches
+    themselves: the transpose, the scale and the casts were kernels that wrote every cached
+    key or value again on every step."""
+    written = relax.transform.DeadCodeElimination()(DecomposeAttention()(OneQueryMatmuls))
+    tvm.ir.assert_structural_equal(relax.transform.Normalize()(written), OneQueryMatmulsWritten)
+
+
+def test_other_matmuls_are_left_alone():
+    """Two queries, or keys that are a product (not a transposed tensor times a scalar), keep
+    their matmul."""
+    n = tvm.tirx.Var("n", "int64")
+    for queries, transposed in ((2, True), (1, False)):
+        bb = relax.BlockBuilder()
+        q = relax.Var("q", relax.TensorType((1, 4, queries, 8), "float32"))
+        k = relax.Var("k", relax.TensorType((1, 4, n, 8), "float32"))
+        with bb.function("main", [q, k]):
+            with bb.dataflow():
+                kt = relax.op.permute_dims(k, [0, 1, 3, 2])
+                kt = bb.emit(kt if transposed else relax.op.multiply(kt, kt))
+                out = bb.emit_output(relax.op.matmul(q, kt))
+            bb.emit_func_output(out)
+        mod = bb.get()
+        tvm.ir.assert_structural_equal(DecomposeAttention()(mod), mod)
+
+
 def _reference(q, k, v, bias, scale, causal):
     q, k, v = (np.transpose(x.astype("float64"), (0, 2, 1, 3)) for x in (q, k, v))
     s = q @ np.transpose(k, (0, 1, 3, 2)) * scale + bias
