@@ -101,7 +101,8 @@ class CPUMatmulBF16(CPURule):
         wide_tile : (int, int) or None
             ``(rows, vectors)`` of a register tile of fewer rows and more columns, taken where
             ``tile_i`` does not divide the rows and this one pads no more rows or columns than
-            the one :func:`make_plan` would take (see :data:`WIDE_TILE`); None: never.
+            the one :func:`make_plan` would take (measured beside
+            :data:`MIN_SHORTER_ACCUMULATORS`); None: never.
         fma_min_rows : int
             On a CPU whose ``vdpbf16ps`` does half the FLOPs of its fp32 FMAs
             (:func:`.bf16_common.bf16_dot_at_half_rate`: Intel's), a GEMM of at least this
@@ -302,7 +303,7 @@ def make_plan(
     :data:`MIN_SHORTER_ACCUMULATORS`: the 49 rows of a 7 x 7 feature map take 7 tiles of 7
     rows, not 56 padded rows (10 % faster), and with no padding ``A`` is read in place. Where
     that tile still pads the rows, ``config.wide_tile`` takes its place if it pads no more rows
-    or columns (257 rows: 43 tiles of 6 x 64, 3.7-5 % faster than 37 of 7 x 32), and, for a
+    or columns (257 x 4096 x 1024: 43 tiles of 6 x 64, 4 % faster than 37 of 7 x 32), and, for a
     GEMM that runs on ``cores`` > 1 (:func:`plan_cores`), leaves at least that many column
     tiles, the parallel tasks. Row tiles go outside the column tiles for an epilogue that reads
     an ``output_operand`` (an fp32 tensor the size of the output) where the sizes fit
