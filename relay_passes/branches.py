@@ -9,7 +9,8 @@ casts around its ops: an ONNX ``If`` segfaulted at O2 and O3.
 :class:`OutlineBranches` moves the body of every branch that binds anything into a private
 function of the values (and sizes) it reads, and makes the branch a call of it. The planner
 plans each function apart, so a branch allocates every storage it uses; the kernels run as
-before, one VM call more per taken branch.
+before, one VM call more per taken branch. A branch that only calls Relax functions (or chooses
+between such calls) allocates nothing itself and stays where it is.
 """
 
 from __future__ import annotations
@@ -53,8 +54,9 @@ class _Outliner(PyExprMutator):
         return relax.If(cond, then, other, node.span)
 
     def _outlined(self, branch: relax.Expr, which: str) -> relax.Expr:
-        """``branch`` as a call of a new function of its free vars, where it binds anything."""
-        if not (isinstance(branch, relax.SeqExpr) and any(b.bindings for b in branch.blocks)):
+        """``branch`` as a call of a new function of its free vars, where it binds anything
+        but calls of Relax functions and choices between them (which allocate nothing here)."""
+        if not _binds(branch) or self._only_calls(branch):
             return branch
         # the values it reads; a size is a ``Var`` of type ``int64`` in TVM 0.27, and
         # ``free_vars`` lists the sizes computed with (``zeros(shape([n]))``) among them
@@ -72,3 +74,34 @@ class _Outliner(PyExprMutator):
         name = f"{self.prefix}_{which}_branch"
         gvar = self.builder_.add_func(func, name)
         return relax.SeqExpr([], relax.Call(gvar, args))
+
+    def _only_calls(self, branch: relax.SeqExpr) -> bool:
+        """Whether every binding of ``branch`` calls a Relax function, casts or renames a
+        value, or is an ``If`` whose branches do no more (a run-time choice between such
+        calls: the decode step's dispatcher, ``relay_passes/decode_step.py``). Each outlined
+        level was one more VM function matching every input's shape again: the dispatch took
+        9-10 us a call on a small decoder, now 4."""
+        mod = self.builder_.get()
+        for block in branch.blocks:
+            for binding in block.bindings:
+                value = getattr(binding, "value", None)
+                if isinstance(value, relax.Var):  # an alias, or a match_cast of the result
+                    continue
+                if isinstance(value, relax.If):
+                    if not all(
+                        not _binds(b) or self._only_calls(b)
+                        for b in (value.true_branch, value.false_branch)
+                    ):
+                        return False
+                elif not (
+                    isinstance(value, relax.Call)
+                    and isinstance(value.op, relax.GlobalVar)
+                    and isinstance(mod[value.op], relax.Function)
+                ):
+                    return False
+        return True
+
+
+def _binds(expr: relax.Expr) -> bool:
+    """Whether ``expr`` is a SeqExpr that binds anything."""
+    return isinstance(expr, relax.SeqExpr) and any(b.bindings for b in expr.blocks)

@@ -169,3 +169,13 @@ def test_written_out_decoder_matches_numpy_on_every_copy(level, tol, rng):
         want = _written_out_reference(weights, x, past_k, past_v)
         for g, w in zip(got, want, strict=True):
             np.testing.assert_allclose(g, w, rtol=tol, atol=tol, err_msg=f"{batch}x{queries}")
+
+
+def test_the_dispatch_is_not_outlined():
+    """The dispatcher's branches only call the copies: OutlineBranches leaves them in ``main``
+    (each outlined level was one more VM function that matched every input's shape again)."""
+    from tvmamp.relay_passes.branches import OutlineBranches
+
+    mod = SpecializeDecodeStep()(_written_out_decoder()[0])
+    names = sorted(gv.name_hint for gv in OutlineBranches()(mod).get_global_vars())
+    assert names == ["main", "main_any", "main_step", "main_step_one"]
